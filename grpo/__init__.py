@@ -1,0 +1,1 @@
+"""GRPO fine-tuning of small reasoning models, one DVC stage at a time."""

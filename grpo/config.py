@@ -1,0 +1,348 @@
+"""A typed, validated view of params.yaml.
+
+Each section is a dataclass; each field's type hint is the allowed type, and an optional ``check`` in
+its metadata narrows the value. Loading collects every problem (unknown key, wrong type, value out of
+range) and raises one ``ConfigError`` that names each key path and what is allowed, so a stage exits
+non-zero before it writes anything. A stage validates only the sections it declares in dvc.yaml.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+Check = Callable[[Any], str | None]  # returns what is allowed when the value is bad, else None
+
+
+class ConfigError(ValueError):
+    """One or more bad params; the message has one line per problem, each naming its key path."""
+
+
+def _check(fn: Check, **kw: Any) -> Any:
+    return field(metadata={"check": fn}, **kw)
+
+
+def one_of(*allowed: Any) -> Check:
+    return lambda v: None if v in allowed else f"one of {', '.join(map(repr, allowed))}"
+
+
+def at_least(lo: float) -> Check:
+    return lambda v: None if v >= lo else f"a number >= {lo}"
+
+
+def positive(v: float) -> str | None:
+    return None if v > 0 else "a number > 0"
+
+
+def non_negative(v: float) -> str | None:
+    return None if v >= 0 else "a number >= 0"
+
+
+def open_unit(v: float) -> str | None:
+    return None if 0 < v < 1 else "a number in the open interval (0, 1)"
+
+
+def unit(v: float) -> str | None:
+    return None if 0 <= v <= 1 else "a number in [0, 1]"
+
+
+def half_open_unit(v: float) -> str | None:
+    return None if 0 < v <= 1 else "a number in (0, 1]"
+
+
+def optional(fn: Check) -> Check:
+    return lambda v: None if v is None else fn(v)
+
+
+def each(fn: Check) -> Check:
+    def check(values: Any) -> str | None:
+        items = values.values() if isinstance(values, dict) else values
+        bad = [fn(v) for v in items if fn(v)]
+        return f"entries each {bad[0]}" if bad else None
+
+    return check
+
+
+def non_empty(v: Any) -> str | None:
+    return None if len(v) > 0 else "a non-empty list"
+
+
+DATASETS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23", "dapo_math_17k", "deepscaler", "open_rs")
+BENCHMARKS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+REWARDS = (
+    "correctness", "correctness_strict", "r1_format", "tagged_format_strict", "tagged_format_soft",
+    "integer_answer", "tag_count", "length_penalty", "overlong_penalty",
+)
+
+
+def subset_of(allowed: tuple[str, ...]) -> Check:
+    def check(values: Any) -> str | None:
+        bad = [v for v in values if v not in allowed]
+        return None if not bad else f"names from {', '.join(allowed)} (got {', '.join(map(str, bad))})"
+
+    return check
+
+
+@dataclass(frozen=True)
+class ModelParams:
+    # "smollm2-135m-instruct" (bundled offline default), a hub id ("org/name"), or a local folder.
+    source: str = "smollm2-135m-instruct"
+    revision: str | None = None
+    dtype: str = _check(one_of("float32", "bfloat16", "float16"), default="float32")
+
+
+@dataclass(frozen=True)
+class PromptParams:
+    style: str = _check(one_of("r1", "tagged"), default="tagged")
+    system_prompt: str | None = None  # None: the style's default; "": no system turn
+    prefill: str | None = None  # None: the style's default (<think>\n or <reasoning>\n)
+
+
+@dataclass(frozen=True)
+class PrepareParams:
+    source: str = _check(one_of("bundled", "hub", "auto"), default="auto")
+    train_sources: list[str] = _check(lambda v: non_empty(v) or subset_of(DATASETS)(v), default_factory=lambda: ["gsm8k"])
+    benchmarks: list[str] = _check(subset_of(BENCHMARKS), default_factory=lambda: ["gsm8k", "gsm_plus", "math500", "aime24"])
+    val_fraction: float = _check(open_unit, default=0.05)
+    max_train: int | None = _check(optional(positive), default=None)
+    max_val: int | None = _check(optional(positive), default=None)
+    max_eval: dict[str, int] = _check(each(positive), default_factory=dict)  # per benchmark cap
+    max_unparsable_fraction: float = _check(unit, default=0.01)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SentParams:
+    enabled: bool = True
+    engine: str = _check(one_of("auto", "vllm", "native"), default="auto")
+    M: int = _check(at_least(2), default=8)
+    temperature: float = _check(positive, default=1.0)
+    top_p: float = _check(half_open_unit, default=1.0)
+    top_k: int = _check(non_negative, default=0)
+    max_new_tokens: int = _check(positive, default=256)
+    batch_size: int = _check(positive, default=32)
+    no_answer_cluster: bool = True  # False: each unanswered sample is its own cluster
+    num_stages: int = _check(positive, default=3)
+    drop_all_correct: bool = False
+    drop_all_wrong: bool = False
+    save_every: int = _check(positive, default=16)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class LoraParams:
+    r: int = _check(positive, default=16)
+    alpha: float = _check(positive, default=32.0)
+    dropout: float = _check(lambda v: None if 0 <= v < 1 else "a number in [0, 1)", default=0.0)
+    targets: list[str] = _check(lambda v: non_empty(v) or subset_of(LORA_TARGETS)(v), default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    rslora: bool = False
+
+
+@dataclass(frozen=True)
+class CurriculumParams:
+    use_sent: bool = True  # take the order and stages from data/sent/ when SENT ran
+    advance: str = _check(one_of("step_fraction", "reward"), default="step_fraction")
+    reward_threshold: float = 0.5  # with advance=reward: move on when the stage's mean reward passes this
+
+
+@dataclass(frozen=True)
+class TrainParams:
+    quantization: str = _check(one_of("nf4", "none"), default="nf4")
+    compute_dtype: str = _check(one_of("auto", "bfloat16", "float16", "float32"), default="auto")
+    device: str = _check(one_of("auto", "cpu", "cuda"), default="auto")
+    lora: LoraParams = field(default_factory=LoraParams)
+    lr: float = _check(positive, default=5e-4)
+    weight_decay: float = _check(non_negative, default=0.0)
+    warmup_steps: int = _check(non_negative, default=0)
+    lr_schedule: str = _check(one_of("constant", "cosine", "linear"), default="constant")
+    grad_clip: float = _check(positive, default=1.0)
+    max_steps: int = _check(positive, default=20)
+    prompts_per_step: int = _check(positive, default=4)
+    group_size: int = _check(at_least(2), default=4)
+    max_response_length: int = _check(positive, default=160)
+    temperature: float = _check(positive, default=1.0)
+    top_p: float = _check(half_open_unit, default=1.0)
+    top_k: int = _check(non_negative, default=0)
+    generation_batch_size: int = _check(positive, default=16)  # sequences per generate() call
+    train_batch_size: int = _check(positive, default=8)  # sequences per training micro-batch
+    rewards: dict[str, float] = _check(subset_of(REWARDS), default_factory=lambda: {"correctness": 2.0})
+    advantage_scale: str = _check(one_of("group", "batch", "none"), default="group")
+    skip_zero_variance_groups: bool = False
+    loss_type: str = _check(one_of("grpo", "bnpo", "dr_grpo", "dapo"), default="dapo")
+    epsilon_low: float = _check(non_negative, default=0.2)
+    epsilon_high: float = _check(non_negative, default=0.28)
+    delta: float | None = _check(optional(lambda v: None if v > 1 else "a number > 1"), default=None)
+    beta: float = _check(non_negative, default=0.0)
+    num_iterations: int = _check(positive, default=1)
+    mask_truncated_completions: bool = False
+    entropy_keep_fraction: float = _check(half_open_unit, default=1.0)
+    entropy_min_per_sequence: int = _check(non_negative, default=1)
+    logprob_chunk_size: int = _check(positive, default=1024)
+    gradient_checkpointing: bool = True
+    save_every: int = _check(positive, default=5)
+    keep_last: int = _check(positive, default=2)
+    val_every: int = _check(positive, default=5)
+    val_max_new_tokens: int = _check(positive, default=160)
+    val_samples: int = _check(positive, default=1)  # 1: greedy; n > 1: sampled at `temperature`
+    log_completions_every: int = _check(positive, default=5)
+    curriculum: CurriculumParams = field(default_factory=CurriculumParams)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class SelectParams:
+    metric: str = "accuracy"  # a column of the validation log
+    mode: str = _check(one_of("max", "min"), default="max")
+    tie: str = _check(one_of("earliest", "latest"), default="earliest")
+
+
+@dataclass(frozen=True)
+class ProtocolParams:
+    n: int = _check(positive, default=1)  # samples per question; 1 with temperature 0 is greedy
+    temperature: float = _check(non_negative, default=0.0)
+    top_p: float = _check(half_open_unit, default=1.0)
+    max_new_tokens: int = _check(positive, default=256)
+
+
+@dataclass(frozen=True)
+class EvaluateParams:
+    engine: str = _check(one_of("auto", "vllm", "native"), default="auto")
+    batch_size: int = _check(positive, default=32)
+    seed: int = 0
+    # one protocol per benchmark, so editing one reruns only that benchmark's stages
+    benchmarks: dict[str, ProtocolParams] = field(default_factory=dict)
+
+
+SECTIONS: dict[str, type] = {
+    "model": ModelParams,
+    "prompt": PromptParams,
+    "prepare": PrepareParams,
+    "sent": SentParams,
+    "train": TrainParams,
+    "select": SelectParams,
+    "evaluate": EvaluateParams,
+}
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return {list: "a list", dict: "a mapping"}.get(origin, str(origin))
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {bool: "true/false", int: "an integer", float: "a number", str: "a string"}.get(tp, tp.__name__)
+
+
+def _coerce(value: Any, tp: Any, path: str, errors: list[str]) -> Any:
+    """Return ``value`` as type ``tp``, appending a message to ``errors`` when it is not one."""
+    origin = typing.get_origin(tp)
+    if origin in (types.UnionType, typing.Union):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)][0]
+        inner_errors: list[str] = []
+        result = _coerce(value, inner, path, inner_errors)
+        if inner_errors and not dataclasses.is_dataclass(inner):
+            inner_errors = [f"{path}: expected {_type_name(tp)}, got {value!r}"]
+        errors.extend(inner_errors)
+        return result
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, path, errors)
+    if origin is list:
+        if not isinstance(value, list):
+            errors.append(f"{path}: expected a list, got {value!r}")
+            return value
+        (item,) = typing.get_args(tp)
+        return [_coerce(v, item, f"{path}[{i}]", errors) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            errors.append(f"{path}: expected a mapping, got {value!r}")
+            return value
+        _, item = typing.get_args(tp)
+        return {str(k): _coerce(v, item, f"{path}.{k}", errors) for k, v in value.items()}
+    ok = (
+        isinstance(value, bool) if tp is bool
+        else isinstance(value, int) and not isinstance(value, bool) if tp is int
+        else isinstance(value, (int, float)) and not isinstance(value, bool) if tp is float
+        else isinstance(value, tp)
+    )
+    if not ok:
+        errors.append(f"{path}: expected {_type_name(tp)}, got {value!r}")
+        return value
+    return float(value) if tp is float else value
+
+
+def _build(cls: type, raw: Any, path: str, errors: list[str]) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        errors.append(f"{path}: expected a mapping, got {raw!r}")
+        return cls()
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls)}
+    for key in raw:
+        if key not in known:
+            errors.append(f"{path}.{key}: unknown key; allowed keys: {', '.join(known)}")
+    values = {}
+    n_errors = len(errors)
+    for name, f in known.items():
+        if name not in raw:
+            continue
+        key_path = f"{path}.{name}"
+        before = len(errors)
+        value = _coerce(raw[name], hints[name], key_path, errors)
+        check = f.metadata.get("check")
+        if len(errors) == before and check is not None:
+            allowed = check(value)
+            if allowed:
+                errors.append(f"{key_path}: got {raw[name]!r}; allowed: {allowed}")
+        values[name] = value
+    if len(errors) > n_errors:
+        return cls()
+    return cls(**values)
+
+
+def parse_section(name: str, raw: Any) -> Any:
+    """Validate one section's raw mapping; raises ConfigError listing every problem."""
+    errors: list[str] = []
+    result = _build(SECTIONS[name], raw, name, errors)
+    if errors:
+        raise ConfigError("invalid params:\n  " + "\n  ".join(errors))
+    return result
+
+
+def load_params(path: str | Path, sections: list[str]) -> dict[str, Any]:
+    """Read ``path`` and return the validated ``sections`` as dataclasses, keyed by section name.
+
+    Unknown top-level sections are errors too, so a typo like ``trian:`` cannot silently do nothing.
+    """
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"params file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections")
+    errors = [f"{key}: unknown section; allowed: {', '.join(SECTIONS)}" for key in raw if key not in SECTIONS]
+    result = {}
+    for name in sections:
+        result[name] = _build(SECTIONS[name], raw.get(name), name, errors)
+    if errors:
+        raise ConfigError(f"invalid params in {path}:\n  " + "\n  ".join(errors))
+    return result
+
+
+def to_dict(params: Any) -> Any:
+    """A plain-dict view of a params dataclass, for logs and reports."""
+    return dataclasses.asdict(params)

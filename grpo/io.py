@@ -1,0 +1,110 @@
+"""Small file helpers every stage shares: atomic writes and JSON lines.
+
+A DVC stage must write its outs completely or not at all, so every writer here goes through a temp
+path next to the target (same filesystem, so the final ``os.replace`` is atomic) and renames it into
+place only after the content is fully written.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+FLOAT_DIGITS = 6
+
+
+def round_floats(obj: Any, digits: int = FLOAT_DIGITS) -> Any:
+    """``obj`` with every float rounded, so reruns on the same inputs write identical metrics."""
+    if isinstance(obj, float):
+        return round(obj, digits)
+    if isinstance(obj, dict):
+        return {k: round_floats(v, digits) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [round_floats(v, digits) for v in obj]
+    return obj
+
+
+def atomic_write_text(path: Path | str, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` via a temp file and ``os.replace``; creates parent folders."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
+    os.chmod(tmp, 0o644)  # mkstemp makes files private; outputs are ordinary files
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path | str, obj: Any) -> None:
+    """Write ``obj`` as indented JSON with sorted keys and floats rounded to 6 places, atomically."""
+    text = json.dumps(round_floats(obj), sort_keys=True, indent=2, ensure_ascii=False)
+    atomic_write_text(path, text + "\n")
+
+
+@contextmanager
+def atomic_dir(path: Path | str) -> Iterator[Path]:
+    """Yield a fresh temp folder next to ``path``; on success it replaces ``path`` (file or folder),
+    on an exception it is deleted and ``path`` is left as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
+    os.chmod(tmp, 0o755)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    # os.replace cannot overwrite a non-empty folder: move the old one aside first, so the window in
+    # which ``path`` is missing is two renames long, and never shows a half-written folder.
+    old = None
+    if path.is_dir() and not path.is_symlink():
+        old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old-"))
+        os.replace(path, old / path.name)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    os.replace(tmp, path)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def iter_jsonl(path: Path | str) -> Iterator[tuple[int, dict]]:
+    """Yield ``(1-based line number, object)`` for each non-blank line of a JSON-lines file. Raises
+    ValueError naming the file and line for invalid UTF-8, invalid JSON, or a non-object line."""
+    path = Path(path)
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ValueError(f"{path}: line {lineno}: invalid UTF-8 ({exc.reason})") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: line {lineno}: invalid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}: line {lineno}: expected a JSON object, got {type(row).__name__}")
+            yield lineno, row
+
+
+def read_jsonl(path: Path | str) -> list[dict]:
+    """All objects of a JSON-lines file, in order (see ``iter_jsonl`` for the errors)."""
+    return [row for _, row in iter_jsonl(path)]
+
+
+def write_jsonl(path: Path | str, rows: Iterable[dict]) -> None:
+    """Write ``rows`` as JSON lines (keys sorted, non-ASCII kept as is), atomically."""
+    lines = [json.dumps(row, ensure_ascii=False, sort_keys=True) + "\n" for row in rows]
+    atomic_write_text(path, "".join(lines))

@@ -1,0 +1,145 @@
+"""The SENT curriculum: order questions easy → hard, cut them into stages, and advance during training.
+
+File format (``data/sent/curriculum.json``, written by the sent stage, read by the train stage)::
+
+    {"version": 1,
+     "num_stages": K,
+     "stages": [[id, ...], ...],          # K lists, easiest first; every kept id appears once
+     "dropped": {"all_correct": [id, ...], "all_wrong": [id, ...]}}
+
+Order: ascending semantic entropy (a model that answers consistently finds the question easy), ties
+by descending pass rate, remaining ties by a seeded shuffle. Stages are consecutive, near-equal slices.
+
+Schedule: stage k is entered at step ``k * max_steps / K`` at the latest; with ``advance="reward"`` it
+is entered earlier once the mean reward over the current stage's recent steps passes a threshold.
+Training at stage k samples from stages 0..k together (the easy questions stay in the pool), so the
+whole curriculum is reached and earlier material is not forgotten.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+CURRICULUM_VERSION = 1
+REWARD_WINDOW = 3  # steps of the current stage averaged for reward-based advancement
+
+
+def order_easy_to_hard(scores: Sequence[dict], seed: int) -> list[str]:
+    """Ids sorted by (entropy ascending, pass rate descending, seeded shuffle)."""
+    rng = random.Random(seed)
+    tiebreak = {s["id"]: rng.random() for s in sorted(scores, key=lambda s: s["id"])}
+    ranked = sorted(scores, key=lambda s: (round(s["entropy"], 9), -s["pass_rate"], tiebreak[s["id"]]))
+    return [s["id"] for s in ranked]
+
+
+def build_curriculum(scores: Sequence[dict], num_stages: int, *, drop_all_correct: bool,
+                     drop_all_wrong: bool, seed: int) -> dict:
+    """The curriculum.json payload. Dropping uniform-outcome questions is offline dynamic sampling:
+    a group whose samples are all right or all wrong has zero reward variance and no GRPO signal."""
+    dropped: dict[str, list[str]] = {"all_correct": [], "all_wrong": []}
+    kept = []
+    for s in scores:
+        if drop_all_correct and s["pass_rate"] == 1.0:
+            dropped["all_correct"].append(s["id"])
+        elif drop_all_wrong and s["pass_rate"] == 0.0:
+            dropped["all_wrong"].append(s["id"])
+        else:
+            kept.append(s)
+    if not kept:
+        raise ValueError("sent: every question was dropped (all samples right or all wrong); "
+                         "turn off sent.drop_all_correct / sent.drop_all_wrong or sample more (sent.M)")
+    order = order_easy_to_hard(kept, seed)
+    k = min(num_stages, len(order))
+    bounds = [round(i * len(order) / k) for i in range(k + 1)]
+    stages = [order[bounds[i] : bounds[i + 1]] for i in range(k)]
+    return {"version": CURRICULUM_VERSION, "num_stages": k, "stages": stages,
+            "dropped": {key: sorted(v) for key, v in dropped.items()}}
+
+
+def load_curriculum(path: Path, known_ids: set[str]) -> list[list[str]]:
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    if data.get("version") != CURRICULUM_VERSION or not isinstance(data.get("stages"), list):
+        raise ValueError(f"{path}: not a version-{CURRICULUM_VERSION} curriculum file (see grpo/sent/curriculum.py)")
+    unknown = [i for stage in data["stages"] for i in stage if i not in known_ids]
+    if unknown:
+        raise ValueError(f"{path}: {len(unknown)} ids are not in the training data (first: {unknown[0]!r}); "
+                         "rerun the sent stage on the current data/prepared/train.jsonl")
+    return [list(stage) for stage in data["stages"] if stage]
+
+
+@dataclass
+class StageSchedule:
+    num_stages: int
+    max_steps: int
+    advance: str = "step_fraction"  # or "reward"
+    reward_threshold: float = 0.5
+    stage: int = 0
+    stage_rewards: list[float] = field(default_factory=list)
+    transitions: list[dict] = field(default_factory=list)
+
+    def stage_for_step(self, step: int) -> int:
+        """The stage to train step ``step`` (0-based) at; call once per step, in order."""
+        by_fraction = min(self.num_stages - 1, step * self.num_stages // self.max_steps)
+        by_reward = self.stage
+        recent = self.stage_rewards[-REWARD_WINDOW:]
+        if (self.advance == "reward" and len(recent) == REWARD_WINDOW
+                and sum(recent) / len(recent) >= self.reward_threshold):
+            by_reward = min(self.num_stages - 1, self.stage + 1)
+        new = max(self.stage, by_fraction, by_reward)
+        if new != self.stage:
+            reason = "reward" if new == by_reward and new > by_fraction else "step_fraction"
+            self.transitions.append({"step": step, "from": self.stage, "to": new, "reason": reason})
+            self.stage, self.stage_rewards = new, []
+        return self.stage
+
+    def record_reward(self, mean_reward: float) -> None:
+        self.stage_rewards.append(mean_reward)
+
+    def state(self) -> dict:
+        return {"stage": self.stage, "stage_rewards": list(self.stage_rewards), "transitions": list(self.transitions)}
+
+    def load_state(self, state: dict) -> None:
+        self.stage, self.stage_rewards = state["stage"], list(state["stage_rewards"])
+        self.transitions = list(state["transitions"])
+
+
+@dataclass
+class CurriculumSampler:
+    """Deterministic, resumable prompt sampler over the pool of stages 0..k.
+
+    Each (stage, epoch) has its own seeded permutation of the pool; the cursor walks it and a new
+    epoch starts when it runs out, so every question of the pool is seen once before any repeats.
+    """
+
+    stages: list[list[str]]
+    seed: int
+    stage: int = 0
+    epoch: int = 0
+    cursor: int = 0
+
+    def _pool(self) -> list[str]:
+        pool = [i for stage in self.stages[: self.stage + 1] for i in stage]
+        random.Random(f"{self.seed}-{self.stage}-{self.epoch}").shuffle(pool)
+        return pool
+
+    def next_ids(self, count: int, stage: int) -> list[str]:
+        if stage != self.stage:
+            self.stage, self.epoch, self.cursor = stage, 0, 0
+        ids: list[str] = []
+        while len(ids) < count:
+            pool = self._pool()
+            take = pool[self.cursor : self.cursor + count - len(ids)]
+            ids += take
+            self.cursor += len(take)
+            if self.cursor >= len(pool):
+                self.epoch, self.cursor = self.epoch + 1, 0
+        return ids
+
+    def state(self) -> dict:
+        return {"stage": self.stage, "epoch": self.epoch, "cursor": self.cursor}
+
+    def load_state(self, state: dict) -> None:
+        self.stage, self.epoch, self.cursor = state["stage"], state["epoch"], state["cursor"]

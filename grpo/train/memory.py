@@ -1,0 +1,132 @@
+"""Adaptive micro-batches: on out-of-memory, free memory, halve the micro-batch and redo the same work.
+
+Nothing is dropped and nothing is counted twice: the caller's work function must be a pure function
+of its rows (the loss is normalised over the whole optimiser step, not the micro-batch, so the split
+does not change the gradient), and gradients accumulated by a micro-batch that failed half-way are
+rolled back to their values before it. After ``grow_after`` clean steps the size doubles again, up to
+the configured maximum.
+
+The fault hook (``GRPO_FAULT_OOM``) raises an out-of-memory error at chosen micro-batches, so all of
+this runs on CPU in tests. Grammar, comma separated: ``phase:N`` fails call N (0-based) of a phase,
+``phase:size>K`` fails every call of that phase with more than K rows, ``phase:all`` fails every call.
+Phases: ``generate``, ``score``, ``train``.
+"""
+from __future__ import annotations
+
+import gc
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Sequence, TypeVar
+
+import torch
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+FAULT_ENV = "GRPO_FAULT_OOM"
+
+
+class InjectedOOM(torch.OutOfMemoryError):
+    """Raised by the fault hook; handled exactly like a real CUDA out-of-memory error."""
+
+
+class FaultHook:
+    def __init__(self, spec: str | None = None) -> None:
+        spec = os.environ.get(FAULT_ENV, "") if spec is None else spec
+        self.rules: list[tuple[str, str]] = []
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            phase, _, rule = part.partition(":")
+            if not rule or not (rule == "all" or rule.isdigit() or rule.startswith("size>")):
+                raise ValueError(f"{FAULT_ENV}: bad rule {part!r}; use phase:N, phase:size>K or phase:all")
+            self.rules.append((phase, rule))
+        self.calls: dict[str, int] = {}
+
+    def check(self, phase: str, size: int) -> None:
+        index = self.calls.get(phase, 0)
+        self.calls[phase] = index + 1
+        for rule_phase, rule in self.rules:
+            if rule_phase != phase:
+                continue
+            hit = (rule == "all" or (rule.isdigit() and int(rule) == index)
+                   or (rule.startswith("size>") and size > int(rule[5:])))
+            if hit:
+                raise InjectedOOM(f"injected out-of-memory in {phase} call {index} (size {size})")
+
+
+def free_memory() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@dataclass
+class AdaptiveBatchSize:
+    """One phase's micro-batch size: halves on OOM, doubles back after ``grow_after`` clean steps."""
+
+    phase: str
+    maximum: int
+    grow_after: int = 4
+    current: int = 0
+    clean_steps: int = 0
+    oom_events: int = 0
+    history: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.current = self.current or self.maximum
+
+    def shrink(self, step: int) -> None:
+        if self.current == 1:
+            raise torch.OutOfMemoryError(
+                f"out of memory in {self.phase} at micro-batch size 1 (step {step}); lower "
+                f"max_response_length or group_size, or use a smaller model. The last checkpoint is intact."
+            )
+        self.current = max(1, self.current // 2)
+        self.clean_steps = 0
+        self.oom_events += 1
+        self.history.append({"step": step, "phase": self.phase, "new_size": self.current})
+        log.warning("OOM in %s at step %d: micro-batch size -> %d", self.phase, step, self.current)
+
+    def end_step(self, had_oom: bool) -> None:
+        if had_oom:
+            return
+        self.clean_steps += 1
+        if self.clean_steps >= self.grow_after and self.current < self.maximum:
+            self.current = min(self.maximum, self.current * 2)
+            self.clean_steps = 0
+
+    def state(self) -> dict:
+        return {"current": self.current, "clean_steps": self.clean_steps, "oom_events": self.oom_events}
+
+    def load_state(self, state: dict) -> None:
+        self.current = min(self.maximum, state["current"])
+        self.clean_steps, self.oom_events = state["clean_steps"], state["oom_events"]
+
+
+def run_in_micro_batches(
+    items: Sequence[T],
+    work: Callable[[Sequence[T]], object],
+    size: AdaptiveBatchSize,
+    hook: FaultHook,
+    *,
+    step: int,
+    params_with_grad: Sequence[torch.nn.Parameter] = (),
+) -> list[object]:
+    """Run ``work`` over consecutive slices of ``items``; returns the results in order."""
+    results: list[object] = []
+    start, had_oom = 0, False
+    while start < len(items):
+        chunk = items[start : start + size.current]
+        saved = [None if p.grad is None else p.grad.clone() for p in params_with_grad]
+        try:
+            hook.check(size.phase, len(chunk))
+            results.append(work(chunk))
+        except torch.OutOfMemoryError:
+            for p, g in zip(params_with_grad, saved):
+                p.grad = g  # undo what a half-finished backward added
+            free_memory()
+            size.shrink(step)
+            had_oom = True
+            continue
+        start += len(chunk)
+    size.end_step(had_oom)
+    return results

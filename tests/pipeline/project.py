@@ -1,0 +1,58 @@
+"""Run the real project with real dvc in a temp git repo: copy the tracked tree, commit, run commands."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_BIN = Path(sys.executable).parent
+
+
+def project_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    return [f for f in out.splitlines() if (ROOT / f).is_file()]
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PATH"] = f"{VENV_BIN}{os.pathsep}{e.get('PATH', '')}"
+    e.update(GIT_AUTHOR_NAME="test", GIT_AUTHOR_EMAIL="test@example.invalid", GIT_COMMITTER_NAME="test",
+             GIT_COMMITTER_EMAIL="test@example.invalid", DVC_NO_ANALYTICS="1", PYTHONPATH="")
+    return e
+
+
+def run(args: list[str] | str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(args, cwd=cwd, env=env(), capture_output=True, text=True, shell=isinstance(args, str))
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def copy_project(dst: Path) -> Path:
+    for rel in project_files():
+        target = dst / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / rel, target)
+    run(["git", "init", "-q"], dst)
+    run(["git", "add", "-A"], dst)
+    run(["git", "commit", "-qm", "project copy"], dst)
+    return dst
+
+
+def edit_params(project: Path, **sections: dict) -> None:
+    """Merge ``sections`` (section → {key: value}) into the project's params.yaml."""
+    path = project / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    for name, values in sections.items():
+        params.setdefault(name, {}).update(values)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def ran_stages(output: str) -> list[str]:
+    return [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]
