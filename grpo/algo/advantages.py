@@ -1,0 +1,66 @@
+"""Group-relative advantages: each completion's reward minus its group's mean, optionally scaled.
+
+Rewards arrive flat, G consecutive completions per prompt: [p0 c0, p0 c1, ..., p1 c0, ...].
+Scaling follows TRL's ``scale_rewards``:
+    group  A = (r - mean_g) / (std_g + eps)    GRPO (Shao et al. 2024)
+    batch  A = (r - mean_g) / (std_all + eps)  centred per group, one scale for the batch (Liu et al. 2025)
+    none   A = r - mean_g                      Dr. GRPO: no std division, no difficulty bias
+Standard deviations are unbiased (Bessel), like ``torch.std`` and TRL. A group whose rewards are all
+equal has zero advantage whatever the scaling: it carries no policy-gradient signal.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+AdvantageScale = Literal["group", "batch", "none"]
+
+
+@dataclass(frozen=True)
+class AdvantageResult:
+    advantages: Tensor  # [num_prompts * G], fp32
+    group_std: Tensor  # [num_prompts], the unbiased reward std of each group
+    zero_std_mask: Tensor  # [num_prompts] bool, groups whose rewards are all (numerically) equal
+    frac_reward_zero_std: float  # fraction of groups with zero std, whatever the scaling
+
+
+def _grouped(rewards: Tensor, group_size: int) -> Tensor:
+    if group_size < 2:
+        raise ValueError(f"group_size must be at least 2, got {group_size}")
+    if rewards.dim() != 1 or rewards.numel() == 0 or rewards.numel() % group_size:
+        raise ValueError(f"rewards must be 1-D with a multiple of {group_size} entries, got {tuple(rewards.shape)}")
+    return rewards.float().view(-1, group_size)
+
+
+def _zero_std(group_std: Tensor) -> Tensor:
+    return torch.isclose(group_std, torch.zeros_like(group_std))  # TRL's test, tolerant of float noise
+
+
+def compute_advantages(
+    rewards: Tensor, group_size: int, scale: AdvantageScale = "group", eps: float = 1e-4
+) -> AdvantageResult:
+    """Advantages for rewards [num_prompts * group_size]; ``eps`` keeps zero-std divisions finite."""
+    groups = _grouped(rewards, group_size)
+    centred = groups - groups.mean(dim=1, keepdim=True)
+    group_std = groups.std(dim=1)
+    if scale == "group":
+        advantages = centred / (group_std[:, None] + eps)
+    elif scale == "batch":
+        advantages = centred / (groups.std() + eps)
+    elif scale == "none":
+        advantages = centred
+    else:
+        raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
+    zero = _zero_std(group_std)
+    return AdvantageResult(advantages.reshape(-1), group_std, zero, float(zero.float().mean()))
+
+
+def skip_zero_variance(rewards: Tensor, group_size: int) -> Tensor:
+    """Bool [num_prompts]: the groups to keep when zero-variance groups are skipped (DAPO's dynamic
+    sampling, without the resampling). Their advantages are zero, so dropping them changes no
+    policy gradient directly; it stops them diluting the token/sequence normalisers and the KL term.
+    Expand to completions with ``keep.repeat_interleave(group_size)``."""
+    return ~_zero_std(_grouped(rewards, group_size).std(dim=1))

@@ -1,0 +1,68 @@
+"""Group-relative advantages under each scaling, against hand numbers."""
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from grpo.algo.advantages import compute_advantages, skip_zero_variance
+
+# three prompts, G = 4: a split group, a constant group, a spread group
+REWARDS = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 0.0, 1.0, 2.0, 3.0]
+MEANS = [0.5, 2.0, 1.5]
+STDS = [math.sqrt(1 / 3), 0.0, math.sqrt(5 / 3)]  # unbiased: Σ(r - mean)² / (G - 1)
+EPS = 1e-4
+
+
+def centred() -> list[float]:
+    return [r - MEANS[i // 4] for i, r in enumerate(REWARDS)]
+
+
+def test_group_scaling():
+    out = compute_advantages(torch.tensor(REWARDS), 4, "group")
+    want = [c / (STDS[i // 4] + EPS) for i, c in enumerate(centred())]
+    torch.testing.assert_close(out.advantages, torch.tensor(want))
+    torch.testing.assert_close(out.group_std, torch.tensor(STDS))
+    assert out.advantages[0].item() == pytest.approx(0.5 / (0.57735027 + EPS))
+    assert out.advantages[4:8].eq(0).all()
+
+
+def test_batch_scaling_centres_per_group_and_scales_by_the_batch_std():
+    out = compute_advantages(torch.tensor(REWARDS), 4, "batch")
+    batch_std = statistics.stdev(REWARDS)
+    torch.testing.assert_close(out.advantages, torch.tensor([c / (batch_std + EPS) for c in centred()]))
+
+
+def test_no_scaling_is_dr_grpo():
+    out = compute_advantages(torch.tensor(REWARDS), 4, "none")
+    torch.testing.assert_close(out.advantages, torch.tensor(centred()))
+    assert out.advantages[8:].tolist() == [-1.5, -0.5, 0.5, 1.5]
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_zero_std_groups(scale):
+    out = compute_advantages(torch.tensor(REWARDS), 4, scale)
+    assert out.zero_std_mask.tolist() == [False, True, False]
+    assert out.frac_reward_zero_std == pytest.approx(1 / 3)
+
+
+def test_float_noise_counts_as_zero_std():
+    noisy = torch.tensor([0.1 + 0.2, 0.3, 0.3, 0.30000000000000004], dtype=torch.float64)
+    assert compute_advantages(noisy, 4).zero_std_mask.tolist() == [True]
+
+
+def test_skip_zero_variance_keeps_groups_with_signal():
+    keep = skip_zero_variance(torch.tensor(REWARDS), 4)
+    assert keep.tolist() == [True, False, True]
+    assert keep.repeat_interleave(4).sum() == 8
+
+
+def test_bad_inputs():
+    with pytest.raises(ValueError, match="multiple of 4"):
+        compute_advantages(torch.zeros(6), 4)
+    with pytest.raises(ValueError, match="at least 2"):
+        compute_advantages(torch.zeros(4), 1)
+    with pytest.raises(ValueError, match="scale"):
+        compute_advantages(torch.zeros(4), 2, "rank")  # type: ignore[arg-type]
