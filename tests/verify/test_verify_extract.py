@@ -1,0 +1,138 @@
+"""Answer extraction: sources and their priority, modes, the truncation and self-correction rules, speed."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from grpo.verify.extract import clean_answer, extract_answer, last_boxed
+
+LENIENT_CASES = [
+    # (text, expected answer with finish_reason="stop")
+    ("so \\boxed{1} and then \\boxed{2}", "2"),
+    ("\\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("\\boxed{\\{1,2\\}}", "\\{1,2\\}"),
+    ("\\boxed{\\boxed{7}}", "7"),
+    ("\\fbox{9} done", "9"),
+    ("\\boxed {3}", "3"),
+    ("first \\boxed{5}, then an unclosed \\boxed{6", "5"),
+    ("$\\boxed{-4}$.", "-4"),
+    ("<reasoning>\nadd them\n</reasoning>\n<answer>\n42\n</answer>", "42"),
+    ("<answer>The result is \\boxed{7}</answer>", "7"),
+    ("<answer>The answer is 9.</answer>", "9"),
+    ("<answer> 5 apples </answer>", "5 apples"),
+    ("<answer>1</answer> more <answer>2</answer>", "2"),
+    ("<answer>\n42\n", "42"),  # "</answer>" used as a stop string is stripped by the engine
+    ("The answer is 5. Wait, actually the answer is 6.", "6"),
+    ("Final answer: 3/4", "3/4"),
+    ("final ANSWER: 12 dollars. Nice.", "12 dollars"),
+    ("The answer is: **42**.", "42"),
+    ("Answer:\n\n42", "42"),
+    ("The answer is $\\frac{1}{2}$.", "\\frac{1}{2}"),
+    ("The answer is 3.5 kg", "3.5 kg"),
+    ("Natalia sold 72 clips.\n#### 1,234", "1,234"),
+    ("so she has -3.5 apples", "-3.5"),
+    ("it is −7", "−7"),
+    ("the range 3-5", "5"),
+    ("total: 1,234,567 people", "1,234,567"),
+    ("3 out of 4 is 3/4", "3/4"),
+    ("The total is ١٢", "١٢"),
+    ("\\boxed{} The answer is 3", "3"),
+    ("\\boxed{10} The answer is 11", "10"),  # a box outranks later prose
+    ("no numbers here", None),
+    ("", None),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), LENIENT_CASES)
+def test_lenient_extraction(text, expected):
+    assert extract_answer(text) == expected
+
+
+TRUNCATED_CASES = [
+    ("Let me compute 12 + 30 = 42 and then", None),  # never the last-number fallback
+    ("the sum is \\boxed{12", None),  # unclosed box
+    ("<answer>\n42", None),  # unclosed tag
+    ("The answer is 12", None),  # may have been cut from "125"
+    ("The answer is 42.\nLet me double check 4", "42"),
+    ("The answer is 42\nso", "42"),
+    ("#### 18\nand", "18"),
+    ("#### 18", None),
+    ("\\boxed{5} hmm, maybe \\boxed{6", "5"),
+    ("<answer>5</answer> hmm <answer>6", "5"),
+    ("the answer is \\boxed{12", None),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), TRUNCATED_CASES)
+def test_truncation_rule(text, expected):
+    assert extract_answer(text, finish_reason="length") == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "mode", "expected"),
+    [
+        ("<answer>5</answer>", "boxed", None),
+        ("<answer>5</answer> \\boxed{6}", "boxed", "6"),
+        ("\\boxed{6} <answer>5</answer>", "tagged", "5"),
+        ("\\boxed{6}", "tagged", None),
+        ("<answer>5</answer>", "strict", "5"),
+        ("\\boxed{6} <answer>5</answer>", "strict", "6"),
+        ("The answer is 5", "strict", None),
+        ("#### 5", "strict", None),
+        ("it is 5", "strict", None),
+        ("it is 5", "lenient", "5"),
+    ],
+)
+def test_modes(text, mode, expected):
+    assert extract_answer(text, mode=mode) == expected
+
+
+def test_unknown_mode_is_rejected():
+    with pytest.raises(ValueError, match="unknown mode 'loose'.*lenient"):
+        extract_answer("5", mode="loose")
+
+
+@pytest.mark.parametrize(
+    ("raw", "cleaned"),
+    [(" $5$ ", "5"), ("42.", "42"), ("\\(x+1\\)", "x+1"), ("**7**", "7"), ("3.5", "3.5"), ("$.", "")],
+)
+def test_clean_answer(raw, cleaned):
+    assert clean_answer(raw) == cleaned
+
+
+def test_last_boxed_skips_escaped_braces():
+    assert last_boxed("\\boxed{\\}}") == "\\}"
+    assert last_boxed("\\boxed{a\\{b}") == "a\\{b"
+    assert last_boxed("\\boxed{") is None
+
+
+LONG = 1_000_000
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        ("Step: we add 3 and 4 to get 7.\n" * (LONG // 30)) + "The answer is \\boxed{7}.",
+        ("Step: we add 3 and 4 to get 7.\n" * (LONG // 30)),
+        "\\boxed{" + "{" * LONG,
+        "\\boxed{" * (LONG // 7),
+        "<answer>" * (LONG // 8),
+        "answer is " * (LONG // 10),
+        "1," * (LONG // 2),
+        "x" * LONG,
+    ],
+    ids=["prose-boxed", "prose", "open-braces", "open-boxes", "open-tags", "phrases", "commas", "letters"],
+)
+@pytest.mark.parametrize("finish_reason", ["stop", "length"])
+def test_one_megabyte_is_fast(text, finish_reason):
+    start = time.perf_counter()
+    extract_answer(text, finish_reason=finish_reason)
+    assert time.perf_counter() - start < 2.0  # linear scans: about 0.3 s at worst on a slow 2-core CI box
+
+
+def test_answer_near_the_end_of_long_text_is_found_quickly():
+    text = "The cat has 12 apples and 3 pears.\n" * 30_000 + "So she pays 1,250 dollars."
+    start = time.perf_counter()
+    assert extract_answer(text) == "1,250"
+    assert time.perf_counter() - start < 0.05
