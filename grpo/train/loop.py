@@ -1,0 +1,251 @@
+"""The training loop: set-up, resume, steps, validation, checkpoints, logs, final adapter.
+
+Outputs (paths from ``TrainPaths``):
+- ``checkpoints/step-NNNNNN/``: see grpo.train.checkpoint (a DVC ``persist`` out: it survives a crash
+  and the rerun resumes from the newest complete one, unless the run's fingerprint changed);
+- ``final/``: the last adapter, PEFT format;
+- ``metrics_dir/steps.csv``, ``validation.csv`` (the log select reads), ``samples.jsonl``;
+- ``summary``: metrics/train.json for ``dvc metrics``.
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import logging
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from grpo.cli import seed_everything
+from grpo.config import TrainParams, to_dict
+from grpo.io import atomic_dir, atomic_write_json, atomic_write_text
+from grpo.model.adapter import LoraSettings, save_adapter
+from grpo.model.loading import load_policy_model, load_tokenizer, resolve_device
+from grpo.model.lora import inject_lora, load_lora_state_dict, lora_parameters
+from grpo.prompts import PromptStyle
+from grpo.rollout.native import NativeEngine
+from grpo.sent.curriculum import CurriculumSampler, StageSchedule
+from grpo.train import checkpoint as ckpt
+from grpo.train.memory import AdaptiveBatchSize, FaultHook
+from grpo.train.step import StepContext, grpo_step
+from grpo.train.validation import validate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainPaths:
+    base_model: Path
+    checkpoints: Path
+    final: Path
+    metrics_dir: Path
+    summary: Path
+
+
+def fingerprint(params: TrainParams, style: PromptStyle, files: list[Path]) -> str:
+    """What makes two runs the same run; checkpoints of another run are never resumed."""
+    digest = hashlib.sha256(json.dumps([to_dict(params), style.__dict__], sort_keys=True).encode())
+    for path in files:
+        digest.update(path.read_bytes() if path.is_file() else b"-")
+    return digest.hexdigest()[:16]
+
+
+def make_scheduler(optimizer: torch.optim.Optimizer, params: TrainParams) -> torch.optim.lr_scheduler.LambdaLR:
+    total = params.max_steps * params.num_iterations
+
+    def factor(update: int) -> float:
+        if update < params.warmup_steps:
+            return (update + 1) / params.warmup_steps
+        progress = (update - params.warmup_steps) / max(1, total - params.warmup_steps)
+        if params.lr_schedule == "cosine":
+            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        if params.lr_schedule == "linear":
+            return max(0.0, 1 - progress)
+        return 1.0
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    columns = ["step"] + sorted({k for row in rows for k in row} - {"step"})
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, columns, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()})
+    atomic_write_text(path, buf.getvalue())
+
+
+class Trainer:
+    def __init__(self, params: TrainParams, style: PromptStyle, paths: TrainPaths, train_rows: list[dict],
+                 val_rows: list[dict], stages: list[list[str]] | None, run_fingerprint: str) -> None:
+        self.params, self.style, self.paths = params, style, paths
+        self.rows = {row["id"]: row for row in train_rows}
+        self.val_rows = val_rows
+        self.fingerprint = run_fingerprint
+        seed_everything(params.seed)
+        self.device = resolve_device(params.device)
+        self.tokenizer = load_tokenizer(paths.base_model)
+        self.model = load_policy_model(paths.base_model, quantization=params.quantization,
+                                       compute_dtype=params.compute_dtype, device=params.device,
+                                       gradient_checkpointing=params.gradient_checkpointing)
+        lp = params.lora
+        self.lora = LoraSettings(r=lp.r, alpha=lp.alpha, dropout=lp.dropout, targets=list(lp.targets),
+                                 use_rslora=lp.rslora)
+        inject_lora(self.model, targets=list(lp.targets), r=lp.r, alpha=lp.alpha, dropout=lp.dropout,
+                    use_rslora=lp.rslora, seed=params.seed)
+        self.model.train()
+        self.lora_params = lora_parameters(self.model)
+        self.optimizer = torch.optim.AdamW(self.lora_params, lr=params.lr, weight_decay=params.weight_decay)
+        self.scheduler = make_scheduler(self.optimizer, params)
+        if stages is None:  # no SENT: one stage holding every question, order by the seeded sampler
+            stages = [sorted(self.rows)]
+        self.sampler = CurriculumSampler(stages, seed=params.seed)
+        self.schedule = StageSchedule(len(stages), params.max_steps, params.curriculum.advance,
+                                      params.curriculum.reward_threshold)
+        group = params.group_size
+        self.sizes = {
+            "generate": AdaptiveBatchSize("generate", max(1, params.generation_batch_size // group)),
+            "score": AdaptiveBatchSize("score", params.train_batch_size),
+            "train": AdaptiveBatchSize("train", params.train_batch_size),
+        }
+        self.engine = NativeEngine(self.model, self.tokenizer, batch_size=params.generation_batch_size)
+        self.ctx = StepContext(self.model, self.tokenizer, self.engine, self.optimizer, self.scheduler, params,
+                               style, self.lora_params, self.sizes, FaultHook(), self.device)
+        self.history: list[dict] = []
+        self.validation: list[dict] = []
+        self.step = 0
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def _save_adapter(self, folder: Path) -> None:
+        save_adapter(self.model, folder, base_model_name_or_path=self._base_name(), lora_config=self.lora)
+
+    def _base_name(self) -> str:
+        info = self.paths.base_model / "MODEL_INFO.json"
+        return json.loads(info.read_text())["source"] if info.exists() else str(self.paths.base_model)
+
+    def _state(self) -> dict:
+        return {"step": self.step, "fingerprint": self.fingerprint, "sampler": self.sampler.state(),
+                "schedule": self.schedule.state(), "sizes": {k: s.state() for k, s in self.sizes.items()},
+                "history": self.history, "validation": self.validation}
+
+    def save(self) -> None:
+        ckpt.save_checkpoint(self.paths.checkpoints, self.step, save_adapter_fn=self._save_adapter,
+                             optimizer=self.optimizer, scheduler=self.scheduler, state=self._state())
+        ckpt.prune(self.paths.checkpoints, self.params.keep_last, {row["step"] for row in self.validation})
+
+    def resume(self) -> None:
+        found = ckpt.load_latest(self.paths.checkpoints)
+        if found is None:
+            return
+        path, state, trainer = found
+        if state.get("fingerprint") != self.fingerprint:
+            log.warning("checkpoints in %s belong to another run (params, data or base changed): starting "
+                        "fresh and deleting them", self.paths.checkpoints)
+            shutil.rmtree(self.paths.checkpoints)
+            return
+        from safetensors.torch import load_file
+
+        load_lora_state_dict(self.model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
+        self.optimizer.load_state_dict(trainer["optimizer"])
+        self.scheduler.load_state_dict(trainer["scheduler"])
+        ckpt.set_rng_state(trainer["rng"])
+        self.sampler.load_state(state["sampler"])
+        self.schedule.load_state(state["schedule"])
+        for name, size_state in state["sizes"].items():
+            self.sizes[name].load_state(size_state)
+        self.history, self.validation, self.step = state["history"], state["validation"], state["step"]
+        log.info("resumed from %s (step %d of %d)", path, self.step, self.params.max_steps)
+
+    # --- the loop ----------------------------------------------------------------------------
+    def run(self) -> dict:
+        self.resume()
+        p = self.params
+        bar = tqdm(total=p.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        while self.step < p.max_steps:
+            stage = self.schedule.stage_for_step(self.step)
+            ids = self.sampler.next_ids(p.prompts_per_step, stage)
+            metrics, rollouts, reasons = grpo_step(self.ctx, [self.rows[i] for i in ids], self.step)
+            self.schedule.record_reward(metrics["reward_mean"])
+            self.step += 1
+            metrics.update(step=self.step, curriculum_stage=stage)
+            self.history.append(metrics)
+            bar.update(1)
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", stage=stage)
+            log.info("step %d stage %d/%d reward %.3f %s", self.step, stage + 1, self.schedule.num_stages,
+                     metrics["reward_mean"], " ".join(f"{k.split('/')[1]}={v:.3f}" for k, v in metrics.items()
+                                                      if k.startswith("reward/")))
+            if self.step % p.log_completions_every == 0:
+                self._log_samples(rollouts, reasons)
+            is_val = self.step % p.val_every == 0 or self.step == p.max_steps
+            if is_val:
+                self._validate()
+            if is_val or self.step % p.save_every == 0:
+                self.save()
+                self._write_logs()
+        bar.close()
+        return self._finish()
+
+    def _validate(self) -> None:
+        p = self.params
+        result = validate(self.engine, self.tokenizer, self.val_rows, self.style, max_new_tokens=p.val_max_new_tokens,
+                          n=p.val_samples, temperature=p.temperature, seed=p.seed)
+        result.update(step=self.step, checkpoint=ckpt.checkpoint_name(self.step))
+        self.validation.append(result)
+        log.info("validation at step %d: accuracy %.3f, format %.3f", self.step, result["accuracy"],
+                 result["format_rate"])
+
+    def _log_samples(self, rollouts, reasons: list[dict]) -> None:
+        lines = []
+        for i in range(0, len(rollouts.responses), self.params.group_size)[:2]:
+            entry = {"step": self.step, "id": rollouts.samples[i]["id"], "gold": rollouts.samples[i]["answer"],
+                     "response": rollouts.responses[i], "finish_reason": rollouts.completions[i].finish_reason,
+                     "rewards": reasons[i]}
+            lines.append(json.dumps(entry, ensure_ascii=False, sort_keys=True))
+            log.info("sample (step %d, %s): %r → %s", self.step, entry["id"], entry["response"][:300], entry["rewards"])
+        path = self.paths.metrics_dir / "samples.jsonl"
+        old = path.read_text(encoding="utf-8") if path.exists() else ""
+        atomic_write_text(path, old + "\n".join(lines) + "\n")
+
+    def _write_logs(self) -> None:
+        write_csv(self.paths.metrics_dir / "steps.csv", self.history)
+        if self.validation:
+            write_csv(self.paths.metrics_dir / "validation.csv", self.validation)
+
+    def _finish(self) -> dict:
+        self._write_logs()
+        samples = self.paths.metrics_dir / "samples.jsonl"
+        if not samples.exists():  # a declared output even when no step logged samples
+            atomic_write_text(samples, "")
+        with atomic_dir(self.paths.final) as tmp:
+            self._save_adapter(Path(tmp))
+        last = self.history[-1] if self.history else {}
+        first = self.history[0] if self.history else {}
+        summary = {
+            "steps": self.step,
+            "reward_first": first.get("reward_mean"), "reward_last": last.get("reward_mean"),
+            "reward_mean_last5": _mean([h["reward_mean"] for h in self.history[-5:]]),
+            "reward_mean_first5": _mean([h["reward_mean"] for h in self.history[:5]]),
+            "val_accuracy_last": self.validation[-1]["accuracy"] if self.validation else None,
+            "val_accuracy_best": max((v["accuracy"] for v in self.validation), default=None),
+            "oom_events": sum(s.oom_events for s in self.sizes.values()),
+            "curriculum_transitions": self.schedule.transitions,
+            "time_generate_s": sum(h.get("time_generate_s", 0.0) for h in self.history),
+            "time_train_s": sum(h.get("time_train_s", 0.0) for h in self.history),
+        }
+        for name in self.params.rewards:
+            key = f"reward/{name}"
+            summary[f"{key}_first5"] = _mean([h[key] for h in self.history[:5] if key in h])
+            summary[f"{key}_last5"] = _mean([h[key] for h in self.history[-5:] if key in h])
+        atomic_write_json(self.paths.summary, summary)
+        return summary
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None

@@ -1,0 +1,225 @@
+"""One GRPO step: rollouts → rewards → advantages → (scoring pass) → μ clipped policy updates.
+
+Read top to bottom, this file is the algorithm. Memory-heavy phases run through adaptive
+micro-batches (grpo.train.memory); the loss is normalised over the whole step so that the split into
+micro-batches never changes the gradient.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from grpo.algo.advantages import compute_advantages, skip_zero_variance
+from grpo.algo.entropy_mask import entropy_threshold, keep_mask_from_threshold
+from grpo.algo.logprobs import chunked_token_logprobs_and_entropy
+from grpo.algo.loss import grpo_loss, loss_normaliser
+from grpo.config import TrainParams
+from grpo.model.lora import lora_disabled
+from grpo.prompts import PromptStyle, build_prompt, full_response
+from grpo.rollout.base import Completion, SamplingParams
+from grpo.rollout.native import NativeEngine
+from grpo.train.batch import TrainBatch, build_batch, response_hidden_states
+from grpo.train.memory import AdaptiveBatchSize, FaultHook, run_in_micro_batches
+from grpo.verify.rewards import compute_rewards
+
+
+@dataclass
+class StepContext:
+    """What every step needs; built once by the loop."""
+
+    model: torch.nn.Module
+    tokenizer: Any
+    engine: NativeEngine
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    params: TrainParams
+    style: PromptStyle
+    lora_params: list[torch.nn.Parameter]
+    sizes: dict[str, AdaptiveBatchSize]
+    hook: FaultHook
+    device: torch.device
+
+
+@dataclass
+class Rollouts:
+    samples: list[dict]  # one dataset row per completion (each prompt repeated G times)
+    completions: list[Completion]
+    responses: list[str]  # prefill + generated text, what rewards saw
+
+
+def generate_groups(ctx: StepContext, prompts: list[dict], step: int) -> Rollouts:
+    """G completions per prompt from the current policy, in adaptive micro-batches of prompts."""
+    p = ctx.params
+    texts = [build_prompt(ctx.tokenizer, row["question"], ctx.style) for row in prompts]
+    sampling = SamplingParams(n=p.group_size, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                              max_new_tokens=p.max_response_length, seed=p.seed * 1_000_003 + step)
+
+    def work(chunk: list[tuple[int, str]]) -> list[list[Completion]]:
+        ctx.engine.batch_size = len(chunk) * p.group_size
+        first = chunk[0][0]
+        return ctx.engine.generate([t for _, t in chunk], _reseed(sampling, first))
+
+    groups = [g for part in run_in_micro_batches(list(enumerate(texts)), work, ctx.sizes["generate"],
+                                                 ctx.hook, step=step) for g in part]
+    samples = [row for row in prompts for _ in range(p.group_size)]
+    completions = [c for group in groups for c in group]
+    responses = [full_response(ctx.style, c.text) for c in completions]
+    return Rollouts(samples, completions, responses)
+
+
+def _reseed(params: SamplingParams, offset: int) -> SamplingParams:
+    return SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                          max_new_tokens=params.max_new_tokens, seed=params.seed + offset * 7919)
+
+
+def token_logprobs(ctx: StepContext, batch: TrainBatch, *, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of the sampled response tokens, in chunks from the final hidden states."""
+    hidden = response_hidden_states(ctx.model, batch)
+    head = ctx.model.get_output_embeddings()
+    return chunked_token_logprobs_and_entropy(
+        hidden, head.weight, batch.response_ids, chunk_size=ctx.params.logprob_chunk_size,
+        temperature=ctx.params.temperature, compute_entropy=entropy,
+        lm_head_bias=getattr(head, "bias", None),
+    )
+
+
+def scoring_pass(ctx: StepContext, batch: TrainBatch, step: int) -> dict[str, torch.Tensor]:
+    """No-grad pass before the updates: old log-probs (μ > 1), entropies (ρ < 1), reference (β > 0).
+
+    With μ = 1 and ρ = 1 and β = 0 nothing is needed: the ratio's denominator is the detached current
+    log-prob, so there is no extra forward at all.
+    """
+    p = ctx.params
+    need_old = p.num_iterations > 1
+    need_entropy = p.entropy_keep_fraction < 1.0
+    out: dict[str, list[torch.Tensor]] = {"old": [], "entropy": [], "ref": []}
+    if not (need_old or need_entropy or p.beta > 0):
+        return {}
+    was_training = ctx.model.training
+    ctx.model.eval()  # no dropout: these are the policy's own probabilities
+
+    def work(rows: range) -> None:
+        mb = batch.select(slice(rows.start, rows.stop)).to(ctx.device)
+        with torch.no_grad():
+            if need_old or need_entropy:
+                lp, ent = token_logprobs(ctx, mb, entropy=need_entropy)
+                out["old"].append(_pad_to(lp, batch))
+                if ent is not None:
+                    out["entropy"].append(_pad_to(ent, batch))
+            if p.beta > 0:
+                with lora_disabled(ctx.model):
+                    ref, _ = token_logprobs(ctx, mb, entropy=False)
+                out["ref"].append(_pad_to(ref, batch))
+
+    run_in_micro_batches(range(len(batch)), work, ctx.sizes["score"], ctx.hook, step=step)
+    ctx.model.train(was_training)
+    return {k: torch.cat(v).cpu() for k, v in out.items() if v}
+
+
+def _pad_to(values: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
+    """Micro-batches are cut to their own response width; pad back to the full batch width."""
+    width = batch.response_ids.shape[1]
+    return torch.nn.functional.pad(values.float().cpu(), (0, width - values.shape[1]))
+
+
+def policy_updates(ctx: StepContext, batch: TrainBatch, advantages: torch.Tensor,
+                   pre: dict[str, torch.Tensor], step: int) -> dict[str, float]:
+    """μ optimiser updates on one rollout batch; returns the last update's metrics."""
+    p = ctx.params
+    loss_mask = batch.response_mask.clone()
+    if p.mask_truncated_completions:
+        loss_mask *= batch.truncated.logical_not().float().unsqueeze(1)
+    keep = None
+    if "entropy" in pre:
+        response_entropies = pre["entropy"][loss_mask.bool()]
+        threshold = entropy_threshold(response_entropies, p.entropy_keep_fraction)
+        keep = keep_mask_from_threshold(pre["entropy"], loss_mask, threshold, p.entropy_min_per_sequence)
+    # One step-wide normaliser, so the micro-batch split (which OOM recovery changes) never changes
+    # the gradient; see grpo.algo.loss on accumulation.
+    denominator = loss_normaliser(p.loss_type, loss_mask, p.max_response_length)
+    totals: dict[str, float] = {}
+    for _ in range(p.num_iterations):
+        ctx.optimizer.zero_grad(set_to_none=True)
+        metrics_parts: list[tuple[int, dict[str, float]]] = []
+
+        def work(rows: range) -> None:
+            sl = slice(rows.start, rows.stop)
+            mb = batch.select(sl).to(ctx.device)
+            width = mb.response_ids.shape[1]
+            lp, entropy = token_logprobs(ctx, mb, entropy=True)
+            out = grpo_loss(
+                lp,
+                pre["old"][sl, :width].to(ctx.device) if "old" in pre else None,
+                advantages[sl].to(ctx.device),
+                loss_mask[sl, :width].to(ctx.device),
+                loss_type=p.loss_type,
+                epsilon_low=p.epsilon_low, epsilon_high=p.epsilon_high, delta=p.delta, beta=p.beta,
+                ref_logprobs=pre["ref"][sl, :width].to(ctx.device) if "ref" in pre else None,
+                max_completion_length=p.max_response_length,
+                num_items_in_batch=denominator,
+                entropy_keep_mask=None if keep is None else keep[sl, :width].to(ctx.device),
+            )
+            out.loss.backward()
+            response = mb.response_mask.bool()
+            out.metrics["entropy_mean"] = float(entropy.detach()[response].mean()) if response.any() else 0.0
+            metrics_parts.append((rows.stop - rows.start, out.metrics))
+
+        run_in_micro_batches(range(len(batch)), work, ctx.sizes["train"], ctx.hook, step=step,
+                             params_with_grad=ctx.lora_params)
+        grad_norm = torch.nn.utils.clip_grad_norm_(ctx.lora_params, p.grad_clip)
+        ctx.optimizer.step()
+        ctx.scheduler.step()
+        n = sum(k for k, _ in metrics_parts)
+        totals = {key: sum(k * m[key] for k, m in metrics_parts) / n for key in metrics_parts[0][1]}
+        totals["grad_norm"] = float(grad_norm)
+    return totals
+
+
+def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[str, float], Rollouts, list[dict]]:
+    """The whole step; returns (metrics, rollouts, per-sample reward reasons)."""
+    p = ctx.params
+    t0 = time.perf_counter()
+    ro = generate_groups(ctx, prompts, step)
+    t_gen = time.perf_counter() - t0
+    n_tokens = [len(c.token_ids) for c in ro.completions]
+    finish = [c.finish_reason for c in ro.completions]
+    totals, per_fn, reasons = compute_rewards(ro.responses, ro.samples, dict(p.rewards), finish, n_tokens,
+                                              p.max_response_length)
+    rewards = torch.tensor(totals, dtype=torch.float32)
+    adv = compute_advantages(rewards, p.group_size, p.advantage_scale)
+    keep_rows = torch.ones(len(rewards), dtype=torch.bool)
+    if p.skip_zero_variance_groups:
+        keep_rows = skip_zero_variance(rewards, p.group_size).repeat_interleave(p.group_size)
+    metrics: dict[str, float] = {
+        "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()) if len(rewards) > 1 else 0.0,
+        "frac_reward_zero_std": float(adv.frac_reward_zero_std),
+        "response_length_mean": sum(n_tokens) / len(n_tokens), "response_length_max": float(max(n_tokens)),
+        "truncated_frac": finish.count("length") / len(finish),
+        "rollout_tokens_per_s": sum(n_tokens) / max(t_gen, 1e-9), "time_generate_s": t_gen,
+    }
+    metrics.update({f"reward/{name}": sum(v) / len(v) for name, v in per_fn.items()})
+    if "correctness" in per_fn:
+        metrics["accuracy"] = metrics["reward/correctness"]
+    if not keep_rows.any():
+        metrics.update(skipped_step=1.0)
+        return metrics, ro, reasons
+    kept = [c for c, k in zip(ro.completions, keep_rows.tolist()) if k]
+    batch = build_batch(kept, ctx.tokenizer.pad_token_id)
+    t1 = time.perf_counter()
+    pre = scoring_pass(ctx, batch, step)
+    metrics.update(policy_updates(ctx, batch, adv.advantages[keep_rows], pre, step))
+    t_train = time.perf_counter() - t1
+    metrics.update(time_train_s=t_train, train_tokens_per_s=float(batch.response_mask.sum()) / max(t_train, 1e-9),
+                   lr=ctx.scheduler.get_last_lr()[0], skipped_step=0.0)
+    for name, size in ctx.sizes.items():
+        metrics[f"micro_batch/{name}"] = float(size.current)
+        metrics[f"oom_events/{name}"] = float(size.oom_events)
+    if torch.cuda.is_available():
+        metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
+    if not math.isfinite(metrics.get("grad_norm", 0.0)):
+        raise FloatingPointError(f"step {step}: non-finite gradient norm; metrics {metrics}")
+    return metrics, ro, reasons

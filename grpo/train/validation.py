@@ -1,0 +1,35 @@
+"""In-training validation on data/prepared/val.jsonl with the current policy.
+
+Greedy by default (``val_samples: 1``); with n > 1 samples at the training temperature, accuracy is
+the mean over all samples. The select stage chooses a checkpoint from this log alone, never from the
+benchmark suite, so benchmark numbers stay an unbiased test.
+"""
+from __future__ import annotations
+
+from grpo.prompts import PromptStyle, build_prompt, full_response
+from grpo.rollout.base import GenerationEngine, SamplingParams
+from grpo.verify.rewards import compute_rewards
+
+
+def validate(engine: GenerationEngine, tokenizer, rows: list[dict], style: PromptStyle, *,
+             max_new_tokens: int, n: int, temperature: float, seed: int) -> dict[str, float]:
+    prompts = [build_prompt(tokenizer, row["question"], style) for row in rows]
+    sampling = SamplingParams(n=n, temperature=0.0 if n == 1 else temperature,
+                              max_new_tokens=max_new_tokens, seed=seed)
+    groups = engine.generate(prompts, sampling)
+    completions = [c for group in groups for c in group]
+    samples = [row for row in rows for _ in range(n)]
+    responses = [full_response(style, c.text) for c in completions]
+    finish = [c.finish_reason for c in completions]
+    lengths = [len(c.token_ids) for c in completions]
+    format_fn = "r1_format" if style.style == "r1" else "tagged_format_soft"
+    _, per_fn, _ = compute_rewards(responses, samples, {"correctness": 1.0, format_fn: 1.0}, finish, lengths,
+                                   max_new_tokens)
+    count = len(completions)
+    return {
+        "accuracy": sum(per_fn["correctness"]) / count,
+        "format_rate": sum(per_fn[format_fn]) / count,
+        "response_length_mean": sum(lengths) / count,
+        "truncated_frac": finish.count("length") / count,
+        "num_questions": float(len(rows)),
+    }

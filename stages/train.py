@@ -1,0 +1,38 @@
+"""DVC stage train: the native GRPO loop (4-bit base, LoRA) with checkpoints, resume and validation.
+
+Reads models/base/, data/prepared/{train,val}.jsonl and, when SENT ran and train.curriculum.use_sent
+is on, data/sent/curriculum.json. Writes models/checkpoints/ (persist), models/final/, metrics/train/
+and metrics/train.json. Rerunning after a crash resumes from the newest complete checkpoint.
+Run from the project root: python -m stages.train [--params params.yaml]
+"""
+from pathlib import Path
+
+from grpo.cli import run_stage
+from grpo.io import read_jsonl
+from grpo.prompts import PromptStyle
+from grpo.sent.curriculum import load_curriculum
+from grpo.train.loop import Trainer, TrainPaths, fingerprint
+
+PREPARED = Path("data/prepared")
+CURRICULUM = Path("data/sent/curriculum.json")
+PATHS = TrainPaths(base_model=Path("models/base"), checkpoints=Path("models/checkpoints"),
+                   final=Path("models/final"), metrics_dir=Path("metrics/train"), summary=Path("metrics/train.json"))
+
+
+def main(params, args) -> None:
+    p, pr = params["train"], params["prompt"]
+    style = PromptStyle(pr.style, pr.system_prompt, pr.prefill)
+    train_rows = read_jsonl(PREPARED / "train.jsonl")
+    val_rows = read_jsonl(PREPARED / "val.jsonl")
+    stages = None
+    if p.curriculum.use_sent and CURRICULUM.exists():
+        stages = load_curriculum(CURRICULUM, {row["id"] for row in train_rows})
+    inputs = [PREPARED / "train.jsonl", PREPARED / "val.jsonl", PATHS.base_model / "MODEL_INFO.json"]
+    if stages is not None:
+        inputs.append(CURRICULUM)
+    trainer = Trainer(p, style, PATHS, train_rows, val_rows, stages, fingerprint(p, style, inputs))
+    trainer.run()
+
+
+if __name__ == "__main__":
+    run_stage("train", ["train", "prompt"], main)

@@ -1,0 +1,51 @@
+"""The training batch: sampled ids kept exactly (EOS included), no pad between prompt and response,
+position ids right for every row, so batched log-probs equal each row's log-probs computed alone."""
+from __future__ import annotations
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from grpo.rollout.base import Completion
+from grpo.train.batch import build_batch, response_hidden_states
+
+PAD, EOS = 0, 2
+
+
+def completion(prompt: list[int], response: list[int], finish: str = "stop") -> Completion:
+    return Completion(prompt_ids=prompt, token_ids=response, text="", finish_reason=finish)
+
+
+def test_layout_keeps_sampled_ids_and_positions():
+    batch = build_batch([completion([5, 6, 7], [8, 9, EOS]), completion([5], [8, 9, 10, 11], "length")], PAD)
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9, EOS, PAD], [PAD, PAD, 5, 8, 9, 10, 11]]
+    assert batch.response_ids.tolist() == [[8, 9, EOS, PAD], [8, 9, 10, 11]]
+    assert batch.response_mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert batch.position_ids[0, :6].tolist() == [0, 1, 2, 3, 4, 5]
+    assert batch.position_ids[1, 2:].tolist() == [0, 1, 2, 3, 4]
+    assert batch.prompt_width == 3
+
+
+def test_select_trims_unused_response_columns():
+    batch = build_batch([completion([1, 2], [3, EOS]), completion([1], [3, 4, 5, 6, EOS])], PAD)
+    micro = batch.select(slice(0, 1))
+    assert micro.response_ids.tolist() == [[3, EOS]]
+    assert micro.input_ids.shape[1] == batch.prompt_width + 2
+
+
+def test_batched_logprobs_equal_single_row_logprobs(tiny_model_dir):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    vocab = model.config.vocab_size
+    rows = [completion(torch.randint(3, vocab, (n,)).tolist(), torch.randint(3, vocab, (m,)).tolist())
+            for n, m in [(7, 3), (2, 6), (4, 1)]]
+    batch = build_batch(rows, PAD)
+    with torch.no_grad():
+        hidden = response_hidden_states(model, batch)
+        logp = torch.log_softmax(model.lm_head(hidden).float(), -1)
+        batched = logp.gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+        for i, row in enumerate(rows):
+            ids = torch.tensor([row.prompt_ids + row.token_ids])
+            alone = torch.log_softmax(model(ids).logits.float(), -1)[0]
+            start = len(row.prompt_ids) - 1
+            expected = alone[start : start + len(row.token_ids)].gather(-1, torch.tensor(row.token_ids)[:, None])[:, 0]
+            torch.testing.assert_close(batched[i, : len(row.token_ids)], expected, atol=1e-5, rtol=1e-5)
