@@ -170,6 +170,8 @@ class TrainParams:
     top_p: float = _check(half_open_unit, default=1.0)
     top_k: int = _check(non_negative, default=0)
     generation_batch_size: int = _check(positive, default=16)  # sequences per generate() call
+    # decode from a dense copy of the frozen 4-bit base (grpo/model/dequant.py): faster, one more copy
+    dense_generation: bool = True
     train_batch_size: int = _check(positive, default=8)  # sequences per training micro-batch
     rewards: dict[str, float] = _check(subset_of(REWARDS), default_factory=lambda: {"correctness": 2.0})
     advantage_scale: str = _check(one_of("group", "batch", "none"), default="group")

@@ -26,6 +26,7 @@ from grpo.cli import seed_everything
 from grpo.config import TrainParams, to_dict
 from grpo.io import atomic_dir, atomic_write_json, atomic_write_text
 from grpo.model.adapter import LoraSettings, save_adapter
+from grpo.model.dequant import dense_base
 from grpo.model.loading import load_policy_model, load_tokenizer, resolve_device
 from grpo.model.lora import inject_lora, load_lora_state_dict, lora_parameters
 from grpo.prompts import PromptStyle
@@ -194,8 +195,9 @@ class Trainer:
 
     def _validate(self) -> None:
         p = self.params
-        result = validate(self.engine, self.tokenizer, self.val_rows, self.style, max_new_tokens=p.val_max_new_tokens,
-                          n=p.val_samples, temperature=p.temperature, seed=p.seed)
+        with dense_base(self.model, p.dense_generation):
+            result = validate(self.engine, self.tokenizer, self.val_rows, self.style, max_new_tokens=p.val_max_new_tokens,
+                              n=p.val_samples, temperature=p.temperature, seed=p.seed)
         result.update(step=self.step, checkpoint=ckpt.checkpoint_name(self.step))
         self.validation.append(result)
         log.info("validation at step %d: accuracy %.3f, format %.3f", self.step, result["accuracy"],

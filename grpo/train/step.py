@@ -18,6 +18,7 @@ from grpo.algo.entropy_mask import entropy_threshold, keep_mask_from_threshold
 from grpo.algo.logprobs import chunked_token_logprobs_and_entropy
 from grpo.algo.loss import grpo_loss, loss_normaliser
 from grpo.config import TrainParams
+from grpo.model.dequant import dense_base
 from grpo.model.lora import lora_disabled
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout.base import Completion, SamplingParams
@@ -63,8 +64,9 @@ def generate_groups(ctx: StepContext, prompts: list[dict], step: int) -> Rollout
         first = chunk[0][0]
         return ctx.engine.generate([t for _, t in chunk], _reseed(sampling, first))
 
-    groups = [g for part in run_in_micro_batches(list(enumerate(texts)), work, ctx.sizes["generate"],
-                                                 ctx.hook, step=step) for g in part]
+    with dense_base(ctx.model, p.dense_generation):
+        parts = run_in_micro_batches(list(enumerate(texts)), work, ctx.sizes["generate"], ctx.hook, step=step)
+    groups = [g for part in parts for g in part]
     samples = [row for row in prompts for _ in range(p.group_size)]
     completions = [c for group in groups for c in group]
     responses = [full_response(ctx.style, c.text) for c in completions]

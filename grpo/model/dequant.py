@@ -1,0 +1,55 @@
+"""Generation from a dense copy of the frozen 4-bit base.
+
+The base never changes during LoRA training, so each bitsandbytes ``Linear4bit`` weight can be
+de-quantised once and kept. Inside ``dense_base(model)`` those layers run a plain dense matmul on the
+cached copy (LoRA branches still apply on top, unmerged), which decodes several times faster than the
+4-bit kernels on CPU and on small GPU batches, at the memory cost of one dense copy of the base. The
+numbers are the same policy: bitsandbytes also de-quantises to the compute dtype before its matmul.
+Training forwards stay on the 4-bit path (outside the context), so the memory plan of backward is
+unchanged.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+
+def _linear4bit_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    try:
+        import bitsandbytes as bnb
+    except ImportError:  # no bitsandbytes (e.g. ROCm): nothing is quantised
+        return []
+    return [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
+
+
+def _dense_weight(module: torch.nn.Module) -> torch.Tensor:
+    cached = getattr(module, "_dense_weight", None)
+    if cached is None:
+        import bitsandbytes.functional as bnbf
+
+        weight = bnbf.dequantize_4bit(module.weight.data, module.weight.quant_state)
+        cached = weight.to(module.compute_dtype or weight.dtype).contiguous()
+        module._dense_weight = cached  # frozen base: computed once, reused by every rollout
+    return cached
+
+
+def _dense_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    weight = _dense_weight(module)
+    bias = None if module.bias is None else module.bias.to(weight.dtype)
+    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
+
+
+@contextmanager
+def dense_base(model: torch.nn.Module, enabled: bool = True) -> Iterator[int]:
+    """Run the model's 4-bit layers densely inside the block; yields how many layers were switched."""
+    modules = _linear4bit_modules(model) if enabled else []
+    for m in modules:
+        m.forward = _dense_forward.__get__(m)  # an instance attribute shadows the class's forward
+    try:
+        yield len(modules)
+    finally:
+        for m in modules:
+            del m.forward
