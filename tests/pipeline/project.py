@@ -13,10 +13,15 @@ ROOT = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 
 
+# What a run of the pipeline writes; a developer's checkout may hold these untracked, a clean clone not.
+RUN_OUTPUTS = ("dvc.lock", "models/", "metrics/", "eval/", "reports/", "data/prepared/", "data/sent", "bench/results/")
+
+
 def project_files() -> list[str]:
+    """The project as a clean clone has it: tracked files and new source files, no run outputs."""
     out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, check=True,
                          capture_output=True, text=True).stdout
-    return [f for f in out.splitlines() if (ROOT / f).is_file()]
+    return [f for f in out.splitlines() if (ROOT / f).is_file() and not f.startswith(RUN_OUTPUTS)]
 
 
 def env() -> dict[str, str]:

@@ -1,0 +1,174 @@
+"""Evaluate one model (base, or base + an adapter) on one benchmark: generate, extract, verify, score.
+
+Every question is prompted exactly as in training (``grpo.prompts.build_prompt`` with the ``prompt``
+params), the answer is extracted leniently from the full response (prefill + completion), and
+checked against the gold answer with the benchmark row's ``answer_type``. Outputs:
+
+- ``eval/<model>/<benchmark>.jsonl``: one line per sample (``id``, ``sample``, ``completion``, ``answer``,
+  ``gold``, ``correct``, ``length`` in tokens, ``finish_reason``), for error analysis and the report;
+- ``metrics/eval/<model>/<benchmark>.json``: the metrics of ``grpo.eval.metrics.summarize``.
+
+The adapter is applied by the engine (vLLM serves it as a LoRA on the unchanged base, the native
+engine injects it), never merged into a new base, so all three models share one ``models/base``.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from grpo.config import EvaluateParams, ProtocolParams
+from grpo.eval.metrics import SampleResult, summarize
+from grpo.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from grpo.prompts import PromptStyle, build_prompt, full_response
+from grpo.rollout import GenerationEngine, SamplingParams, make_engine
+from grpo.verify import answers_equivalent, extract_answer, is_equivalent
+
+log = logging.getLogger(__name__)
+MODELS = ("base", "final", "best")
+ADAPTER_CONFIG = "adapter_config.json"  # the PEFT file name; grpo.model.adapter would import torch here
+
+
+@dataclass(frozen=True)
+class EvalPaths:
+    """Where evaluation reads and writes, relative to ``root`` (the project root in the DVC stages)."""
+
+    root: Path = Path(".")
+
+    @property
+    def base_model(self) -> Path:
+        return self.root / "models" / "base"
+
+    def adapter(self, model: str) -> Path | None:
+        """The adapter folder of ``model``: None for the base, models/final or models/best otherwise."""
+        if model not in MODELS:
+            raise ValueError(f"--model must be one of {', '.join(MODELS)}, got {model!r}")
+        return None if model == "base" else self.root / "models" / model
+
+    def benchmark(self, name: str) -> Path:
+        return self.root / "data" / "prepared" / "eval" / f"{name}.jsonl"
+
+    def samples(self, model: str, benchmark: str) -> Path:
+        return self.root / "eval" / model / f"{benchmark}.jsonl"
+
+    def metrics(self, model: str, benchmark: str) -> Path:
+        return self.root / "metrics" / "eval" / model / f"{benchmark}.json"
+
+
+def sampling_params(protocol: ProtocolParams, seed: int) -> SamplingParams:
+    return SamplingParams(n=protocol.n, temperature=protocol.temperature, top_p=protocol.top_p,
+                          max_new_tokens=protocol.max_new_tokens, seed=seed)
+
+
+def evaluate_rows(engine: GenerationEngine, tokenizer, rows: list[dict], protocol: ProtocolParams,
+                  style: PromptStyle, *, adapter_dir: Path | None, seed: int) -> tuple[list[dict], dict[str, float]]:
+    """Generate ``protocol.n`` samples per row and score them: (per-sample records, metrics)."""
+    prompts = [build_prompt(tokenizer, row["question"], style) for row in rows]
+    start = time.perf_counter()
+    groups = engine.generate(prompts, sampling_params(protocol, seed),
+                             adapter_dir=None if adapter_dir is None else str(adapter_dir), progress=True)
+    elapsed = time.perf_counter() - start
+    records, results = [], []
+    for row, group in zip(rows, groups):
+        question_results = []
+        for index, completion in enumerate(group):
+            answer = extract_answer(full_response(style, completion.text), mode="lenient",
+                                    finish_reason=completion.finish_reason)
+            correct = answer is not None and is_equivalent(answer, row["answer"], row["answer_type"])
+            question_results.append(SampleResult(correct, answer, len(completion.token_ids), completion.finish_reason))
+            records.append({"id": row["id"], "sample": index, "completion": completion.text, "answer": answer,
+                            "gold": row["answer"], "correct": correct, "length": len(completion.token_ids),
+                            "finish_reason": completion.finish_reason})
+        results.append(question_results)
+    return records, summarize(results, elapsed_s=elapsed, equivalent=answers_equivalent)
+
+
+def _max_lora_rank(adapter_dir: Path | None) -> int:
+    """The adapter's rank rounded up to a power of two >= 8: vLLM accepts only a fixed set of maximum
+    ranks (8, 16, 32, 64, ...), and the adapter may have any rank up to it."""
+    if adapter_dir is None:
+        return 8
+    rank = int(json.loads((adapter_dir / ADAPTER_CONFIG).read_text(encoding="utf-8"))["r"])
+    return max(8, 1 << (rank - 1).bit_length())
+
+
+def run_evaluation(model: str, benchmark: str, params: EvaluateParams, style: PromptStyle,
+                   paths: EvalPaths = EvalPaths()) -> dict[str, float]:
+    """Evaluate ``model`` on ``benchmark`` and write its per-sample outputs and metrics; returns the metrics.
+
+    The protocol is ``params.benchmarks[benchmark]``, or ProtocolParams' defaults (greedy) when the
+    benchmark has no entry.
+    """
+    adapter_dir = paths.adapter(model)
+    if adapter_dir is not None and not (adapter_dir / ADAPTER_CONFIG).is_file():
+        raise FileNotFoundError(f"adapter for model {model!r} not found at {adapter_dir} "
+                                f"(run the {'train' if model == 'final' else 'select'} stage first)")
+    data = paths.benchmark(benchmark)
+    if not data.is_file():
+        raise FileNotFoundError(f"benchmark file {data} not found: add {benchmark!r} to prepare.benchmarks")
+    rows = read_jsonl(data)
+    if not rows:
+        raise ValueError(f"benchmark file {data} is empty")
+    protocol = params.benchmarks.get(benchmark, ProtocolParams())
+    from grpo.model.loading import load_tokenizer  # imports torch: here, so eval_summary stays light
+
+    tokenizer = load_tokenizer(paths.base_model)
+    engine = make_engine(params.engine, model_dir=paths.base_model, batch_size=params.batch_size,
+                         max_model_len=_max_model_len(tokenizer, rows, protocol, style),
+                         enable_lora=adapter_dir is not None, max_lora_rank=_max_lora_rank(adapter_dir),
+                         seed=params.seed)
+    try:
+        log.info("evaluating %s on %s: %d questions x %d samples, temperature %s, up to %d new tokens",
+                 model, benchmark, len(rows), protocol.n, protocol.temperature, protocol.max_new_tokens)
+        records, metrics = evaluate_rows(engine, tokenizer, rows, protocol, style, adapter_dir=adapter_dir,
+                                         seed=params.seed)
+    finally:
+        engine.close()
+    write_jsonl(paths.samples(model, benchmark), records)
+    atomic_write_json(paths.metrics(model, benchmark), metrics)
+    log.info("%s on %s: pass@1 %.3f +- %.3f, truncated %.2f, %.1f tokens/s", model, benchmark,
+             metrics["pass@1"], metrics["pass@1_stderr"], metrics["truncation_rate"], metrics["tokens_per_s"])
+    return metrics
+
+
+def _max_model_len(tokenizer, rows: list[dict], protocol: ProtocolParams, style: PromptStyle) -> int:
+    """The longest prompt plus the token budget: vLLM reserves KV cache for this length."""
+    longest = max(len(tokenizer(build_prompt(tokenizer, r["question"], style), add_special_tokens=False)["input_ids"])
+                  for r in rows)
+    return longest + protocol.max_new_tokens
+
+
+def collect_metrics(metrics_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """Every ``<model>/<benchmark>.json`` under ``metrics_dir``, nested model -> benchmark -> metric."""
+    nested: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in sorted(Path(metrics_dir).glob("*/*.json")):
+        nested.setdefault(path.parent.name, {})[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+    if not nested:
+        raise FileNotFoundError(f"no evaluation metrics under {metrics_dir}: run the evaluate stages first")
+    return nested
+
+
+def write_summary(nested: dict[str, dict[str, dict[str, Any]]], metrics_path: Path, csv_path: Path) -> None:
+    """``metrics_path``: the nested metrics (sorted keys, rounded floats). ``csv_path``: one row per
+    model x benchmark, models in base/final/best order, metric columns sorted."""
+    atomic_write_json(metrics_path, nested)
+    order = {name: i for i, name in enumerate(MODELS)}
+    columns = sorted({key for benchmarks in nested.values() for m in benchmarks.values() for key in m})
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    writer.writerow(["model", "benchmark", *columns])
+    for model in sorted(nested, key=lambda name: (order.get(name, len(order)), name)):
+        for benchmark, metrics in sorted(nested[model].items()):
+            writer.writerow([model, benchmark, *(_cell(metrics.get(c)) for c in columns)])
+    atomic_write_text(csv_path, buf.getvalue())
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,69 @@
+"""The whole DAG with real dvc in a temp git repo, on a tiny random Qwen2 (fast, CPU):
+base_model → prepare → sent → train → select → evaluate (base/final/best) → eval_summary → report.
+Then: a second repro runs nothing; a training param reruns train and what follows but not the base
+evaluations; one benchmark's protocol reruns only that benchmark's evaluations."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.pipeline.project import copy_project, edit_params, ran_stages, run
+
+pytestmark = pytest.mark.slow
+BENCHMARKS = ["gsm8k", "gsm_plus", "math500", "aime24"]
+
+
+def tiny_params(project, tiny_model_dir) -> None:
+    edit_params(
+        project,
+        model={"source": str(tiny_model_dir)},
+        prepare={"max_train": 12, "max_val": 2, "max_eval": {b: 2 for b in BENCHMARKS}},
+        sent={"engine": "native", "M": 2, "max_new_tokens": 6, "batch_size": 4, "save_every": 4, "num_stages": 2},
+        train={"max_steps": 2, "prompts_per_step": 2, "group_size": 2, "max_response_length": 6,
+               "save_every": 1, "val_every": 1, "val_max_new_tokens": 4, "compute_dtype": "float32",
+               "log_completions_every": 1},
+        evaluate={"engine": "native", "benchmarks": {b: {"max_new_tokens": 4} for b in BENCHMARKS}},
+    )
+
+
+def test_full_dag_and_selective_reruns(tmp_path, tiny_model_dir):
+    project = copy_project(tmp_path / "project")
+    tiny_params(project, tiny_model_dir)
+    first = run(["dvc", "repro"], project)
+    stages = ran_stages(first.stdout)
+    for name in ["base_model", "prepare", "sent", "train", "select", "eval_summary", "report"]:
+        assert name in stages
+    assert sum(s.startswith("evaluate_base@") for s in stages) == 4
+    assert sum(s.startswith("evaluate@") for s in stages) == 8
+    assert (project / "data/sent/curriculum.json").exists()
+    assert "curriculum" in (project / "metrics/train/steps.csv").read_text().splitlines()[0]
+    assert json.loads((project / "models/best/SELECTION.json").read_text())["checkpoint"].startswith("step-")
+    eval_metrics = json.loads((project / "metrics/eval.json").read_text())
+    assert sorted(eval_metrics) == ["base", "best", "final"]
+    assert sorted(eval_metrics["final"]) == sorted(BENCHMARKS)
+    report = (project / "reports/report.md").read_text()
+    assert "base" in report and "final" in report and "best" in report
+    assert (project / "reports/report.html").exists() and (project / "reports/MODEL_CARD.md").exists()
+    run(["git", "add", "-A"], project)
+    run(["git", "commit", "-qm", "run"], project)
+
+    assert ran_stages(run(["dvc", "repro"], project).stdout) == []
+
+    edit_params(project, train={"lr": 1e-3})
+    retrain = ran_stages(run(["dvc", "repro"], project).stdout)
+    assert "train" in retrain and "report" in retrain
+    assert not any(s.startswith("evaluate_base@") for s in retrain)
+    assert "sent" not in retrain and "prepare" not in retrain
+    diff = run(["dvc", "metrics", "diff"], project)
+    assert "metrics/train.json" in diff.stdout or "metrics/eval.json" in diff.stdout
+    run(["git", "add", "-A"], project)
+    run(["git", "commit", "-qm", "lr"], project)
+
+    edit_params(project, evaluate={"benchmarks": {**{b: {"max_new_tokens": 4} for b in BENCHMARKS},
+                                                  "aime24": {"max_new_tokens": 5}}})
+    rerun = ran_stages(run(["dvc", "repro"], project).stdout)
+    evaluations = sorted(s for s in rerun if s.startswith("evaluate"))
+    assert evaluations == ["evaluate@best-aime24", "evaluate@final-aime24", "evaluate_base@aime24"]
+    plots = run(["dvc", "plots", "show", "--json"], project)
+    assert "reward" in plots.stdout
