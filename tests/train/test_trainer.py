@@ -122,8 +122,20 @@ def test_oom_storm_gives_the_same_adapter(tmp_path, tiny_model_dir, monkeypatch)
 
 
 def test_oom_at_size_one_fails_clearly_and_keeps_the_last_checkpoint(tmp_path, tiny_model_dir, monkeypatch):
-    run(tmp_path, tiny_model_dir, params(max_steps=1), "first")
+    real_step = loop_module.grpo_step
+    calls = {"n": 0}
+
+    def crash_on_second(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("simulated kill after the step-1 checkpoint")
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "grpo_step", crash_on_second)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, tiny_model_dir, params(), "first")
+    monkeypatch.setattr(loop_module, "grpo_step", real_step)
     monkeypatch.setenv("GRPO_FAULT_OOM", "train:all")
     with pytest.raises(torch.OutOfMemoryError, match="micro-batch size 1"):
-        run(tmp_path, tiny_model_dir, params(max_steps=2), "first")
-    assert [c.name for c in list_checkpoints(tmp_path / "first/checkpoints")][-1] == "step-000001"
+        run(tmp_path, tiny_model_dir, params(), "first")  # resumes at step 2, then OOMs at size 1
+    assert [c.name for c in list_checkpoints(tmp_path / "first/checkpoints")] == ["step-000001"]
