@@ -50,6 +50,20 @@ def run(tmp_path, tiny_model_dir, p, name: str) -> Trainer:
     return trainer
 
 
+def kill_at_step(monkeypatch, step: int) -> None:
+    """Make the loop's ``step``-th call of grpo_step raise, like a kill after the previous checkpoint."""
+    real_step = loop_module.grpo_step
+    calls = {"n": 0}
+
+    def crashing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == step:
+            raise KeyboardInterrupt(f"simulated kill at step {step}")
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "grpo_step", crashing)
+
+
 def final_weights(tmp_path, name: str) -> dict[str, torch.Tensor]:
     return load_file(str(tmp_path / name / "final" / "adapter_model.safetensors"))
 
@@ -76,19 +90,10 @@ def test_trains_only_lora_and_writes_outputs(tmp_path, tiny_model_dir):
 
 def test_resume_after_crash_gives_the_same_adapter(tmp_path, tiny_model_dir, monkeypatch):
     run(tmp_path, tiny_model_dir, params(), "uninterrupted")
-    real_step = loop_module.grpo_step
-    calls = {"n": 0}
-
-    def crash_on_third(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt("simulated kill after the step-2 checkpoint")
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(loop_module, "grpo_step", crash_on_third)
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path, tiny_model_dir, params(), "resumed")
-    monkeypatch.setattr(loop_module, "grpo_step", real_step)
+    with monkeypatch.context() as patch:
+        kill_at_step(patch, 3)  # after the step-2 checkpoint
+        with pytest.raises(KeyboardInterrupt):
+            run(tmp_path, tiny_model_dir, params(), "resumed")
     trainer = run(tmp_path, tiny_model_dir, params(), "resumed")
     assert len(trainer.history) == 3
     expected, got = final_weights(tmp_path, "uninterrupted"), final_weights(tmp_path, "resumed")
@@ -122,19 +127,10 @@ def test_oom_storm_gives_the_same_adapter(tmp_path, tiny_model_dir, monkeypatch)
 
 
 def test_oom_at_size_one_fails_clearly_and_keeps_the_last_checkpoint(tmp_path, tiny_model_dir, monkeypatch):
-    real_step = loop_module.grpo_step
-    calls = {"n": 0}
-
-    def crash_on_second(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise KeyboardInterrupt("simulated kill after the step-1 checkpoint")
-        return real_step(*args, **kwargs)
-
-    monkeypatch.setattr(loop_module, "grpo_step", crash_on_second)
-    with pytest.raises(KeyboardInterrupt):
-        run(tmp_path, tiny_model_dir, params(), "first")
-    monkeypatch.setattr(loop_module, "grpo_step", real_step)
+    with monkeypatch.context() as patch:
+        kill_at_step(patch, 2)  # after the step-1 checkpoint
+        with pytest.raises(KeyboardInterrupt):
+            run(tmp_path, tiny_model_dir, params(), "first")
     monkeypatch.setenv("GRPO_FAULT_OOM", "train:all")
     with pytest.raises(torch.OutOfMemoryError, match="micro-batch size 1"):
         run(tmp_path, tiny_model_dir, params(), "first")  # resumes at step 2, then OOMs at size 1
