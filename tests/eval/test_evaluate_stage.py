@@ -4,6 +4,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,9 +19,10 @@ from grpo.eval.run import EvalPaths, evaluate_rows, run_evaluation
 from grpo.model.adapter import LoraSettings, save_adapter
 from grpo.model.lora import inject_lora, lora_modules
 from grpo.prompts import PromptStyle
+from grpo.rollout import Completion
 
 ROOT = Path(__file__).resolve().parents[2]
-QUESTIONS = ["What is 2 + 3?", "What is 15 + 27?", "Natalia sold 48 clips. How many?"]
+QUESTIONS = ["Natalia sold 48 clips. How many?", "What is 15 + 27?", "What is 2 + 3?"]  # not by length
 GREEDY = ProtocolParams(n=1, temperature=0.0, top_p=1.0, max_new_tokens=12)
 SAMPLED = ProtocolParams(n=4, temperature=1.0, top_p=1.0, max_new_tokens=8)
 STYLE = PromptStyle("tagged")
@@ -51,6 +53,31 @@ def project(tiny_model_dir, tmp_path_factory) -> Path:
     for name in ("toy", "toy_sampled"):
         (data / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return root
+
+
+class SumEngine:
+    """Answers "What is a + b?" with the sum after ``n`` - 1 wrong tries, and returns the groups in
+    prompt order as the engine interface requires: checks scoring and the order of the records."""
+
+    def generate(self, prompts, params, *, adapter_dir=None, progress=False):
+        groups = []
+        for prompt in prompts:
+            a, b = (int(x) for x in re.search(r"What is (\d+) \+ (\d+)\?", prompt).groups())
+            answers = [a + b + 1] * (params.n - 1) + [a + b]
+            groups.append([Completion([1], [7] * len(str(x)), f"</reasoning>\n<answer>{x}</answer>", "stop")
+                           for x in answers])
+        return groups
+
+
+def test_scoring_and_record_order(tiny_model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = [{"id": f"q{i}", "question": f"What is {a} + {b}?", "answer": str(a + b), "answer_type": "integer"}
+            for i, (a, b) in enumerate([(100, 23), (2, 3), (40, 2)])]
+    records, metrics = evaluate_rows(SumEngine(), tokenizer, rows, SAMPLED, STYLE, adapter_dir=None, seed=0)
+    assert [(r["id"], r["sample"]) for r in records] == [(f"q{i}", s) for i in range(3) for s in range(4)]
+    assert [r["answer"] for r in records[:4]] == ["124", "124", "124", "123"]
+    assert [r["correct"] for r in records[:4]] == [False, False, False, True]
+    assert metrics["pass@1"] == 0.25 and metrics["pass@4"] == 1.0 and metrics["maj@4"] == 0.0
 
 
 def read_completions(path: Path) -> list[str]:
