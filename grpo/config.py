@@ -89,6 +89,10 @@ def subset_of(allowed: tuple[str, ...]) -> Check:
     return check
 
 
+# compute dtypes: auto is fp32 on CPU and bf16 on GPU (vLLM: the checkpoint's dtype)
+DTYPES = ("auto", "bfloat16", "float16", "float32")
+
+
 @dataclass(frozen=True)
 class ModelParams:
     # "smollm2-135m-instruct" (bundled offline default), a hub id ("org/name"), or a local folder.
@@ -121,6 +125,7 @@ class PrepareParams:
 class SentParams:
     enabled: bool = True
     engine: str = _check(one_of("auto", "vllm", "native"), default="auto")
+    dtype: str = _check(one_of(*DTYPES), default="auto")  # bf16 decodes ~1.5x faster on AVX512-BF16 CPUs
     M: int = _check(at_least(2), default=8)
     temperature: float = _check(positive, default=1.0)
     top_p: float = _check(half_open_unit, default=1.0)
@@ -154,7 +159,7 @@ class CurriculumParams:
 @dataclass(frozen=True)
 class TrainParams:
     quantization: str = _check(one_of("nf4", "none"), default="nf4")
-    compute_dtype: str = _check(one_of("auto", "bfloat16", "float16", "float32"), default="auto")
+    compute_dtype: str = _check(one_of(*DTYPES), default="auto")
     device: str = _check(one_of("auto", "cpu", "cuda"), default="auto")
     lora: LoraParams = field(default_factory=LoraParams)
     lr: float = _check(positive, default=5e-4)
@@ -215,6 +220,7 @@ class ProtocolParams:
 @dataclass(frozen=True)
 class EvaluateParams:
     engine: str = _check(one_of("auto", "vllm", "native"), default="auto")
+    dtype: str = _check(one_of(*DTYPES), default="auto")
     batch_size: int = _check(positive, default=32)
     seed: int = 0
     # one protocol per benchmark, so editing one reruns only that benchmark's stages

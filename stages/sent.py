@@ -39,12 +39,12 @@ def main(params, args) -> None:
     kind = s.engine if s.engine != "auto" else ("vllm" if vllm_importable() else "native")
     tokenizer = load_tokenizer(BASE)
     # native: one question batch (batch_size questions × M samples) is one generate() batch
-    engine = make_engine(kind, model_dir=BASE, batch_size=s.batch_size * s.M, seed=s.seed,
+    engine = make_engine(kind, model_dir=BASE, dtype=s.dtype, batch_size=s.batch_size * s.M, seed=s.seed,
                          max_model_len=max_sequence_length(tokenizer, rows, style, s.max_new_tokens))
     try:
         run = score_questions(engine, tokenizer, rows, style, sampling, batch_size=s.batch_size,
                               progress_path=PROGRESS, save_every=s.save_every,
-                              fingerprint=scorer_fingerprint(BASE, kind), no_answer_cluster=s.no_answer_cluster)
+                              fingerprint=scorer_fingerprint(BASE, f"{kind}/{s.dtype}"), no_answer_cluster=s.no_answer_cluster)
     finally:
         engine.close()
     curriculum = build_curriculum(run.scores, s.num_stages, drop_all_correct=s.drop_all_correct,

@@ -125,7 +125,7 @@ def run_evaluation(model: str, benchmark: str, params: EvaluateParams, style: Pr
     from grpo.model.loading import load_tokenizer  # imports torch: here, so eval_summary stays light
 
     tokenizer = load_tokenizer(paths.base_model)
-    engine = make_engine(params.engine, model_dir=paths.base_model, batch_size=params.batch_size,
+    engine = make_engine(params.engine, model_dir=paths.base_model, dtype=params.dtype, batch_size=params.batch_size,
                          max_model_len=_max_model_len(tokenizer, rows, protocol, style),
                          enable_lora=adapter_dir is not None, max_lora_rank=_max_lora_rank(adapter_dir),
                          seed=params.seed)

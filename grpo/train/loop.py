@@ -110,6 +110,7 @@ class Trainer:
         self.sampler = CurriculumSampler(stages, seed=params.seed)
         self.schedule = StageSchedule(len(stages), params.max_steps, params.curriculum.advance,
                                       params.curriculum.reward_threshold)
+        log.info("curriculum: %s", self.schedule.plan([len(stage) for stage in stages]))
         group = params.group_size
         self.sizes = {
             "generate": AdaptiveBatchSize("generate", max(1, params.generation_batch_size // group)),

