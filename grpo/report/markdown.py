@@ -276,8 +276,9 @@ def _training(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]
         blocks.append(Image("figures/sent.png", "Semantic entropy and base-model pass rate of the training questions"))
     transitions = tr.get("curriculum_transitions") or []
     if transitions:
-        blocks += [Para("Curriculum stage transitions:"), Table(["step", "from stage", "to stage", "reason"], [
-            [fmt(t.get("step")), fmt(t.get("from")), fmt(t.get("to")), str(t.get("reason", MISSING))]
+        # stored 0-based (the schedule's step index and stage); shown 1-based, as the train log counts
+        blocks += [Para("Curriculum stage transitions:"), Table(["first step", "from stage", "to stage", "reason"], [
+            [fmt(t["step"] + 1), fmt(t["from"] + 1), fmt(t["to"] + 1), str(t.get("reason", MISSING))]
             for t in transitions])]
     else:
         blocks.append(Para("No curriculum stage transitions."))

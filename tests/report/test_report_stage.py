@@ -165,6 +165,9 @@ def test_report_has_every_section_and_the_eval_table(full_report):
     assert eval_table[1][2:] == ["0.100 ± 0.050", "0.200 ± 0.050", "0.300 ± 0.050"]
     assert eval_table[4][2] == "—"  # base has no aime24 result
     assert "not logged: KL to the reference policy" in found["Training"]  # no kl column: beta is 0
+    # stored 0-based ({"step": 4, "from": 0, "to": 1}), shown 1-based as the train log counts steps and stages
+    transitions = next(t for t in tables(found["Training"]) if t[0][0] == "first step")
+    assert transitions[1:] == [["5", "1", "2", "step_fraction"], ["9", "2", "3", "step_fraction"]]
     summary = tables(found["Summary"])[0]
     assert summary[0] == ["benchmark", "base", "final", "best", "final − base", "best − base"]
     assert summary[1][1:] == ["0.100", "0.200", "0.300", "+10.0 pts", "+20.0 pts"]
