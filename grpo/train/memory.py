@@ -16,6 +16,9 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import resource
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Sequence, TypeVar
 
@@ -130,3 +133,16 @@ def run_in_micro_batches(
         start += len(chunk)
     size.end_step(had_oom)
     return results
+
+
+@contextmanager
+def phase_peak_memory(metrics: dict[str, float], phase: str, device: torch.device) -> Iterator[None]:
+    """Record the peak memory of the block: ``peak_memory_gib/<phase>``, the CUDA allocator's peak
+    during the block; on CPU, where no peak can be reset, the process's peak resident set so far."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    yield
+    if device.type == "cuda":
+        metrics[f"peak_memory_gib/{phase}"] = torch.cuda.max_memory_allocated(device) / 2**30
+    else:  # ru_maxrss is in KiB on Linux
+        metrics[f"peak_memory_gib/{phase}"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

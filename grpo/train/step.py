@@ -24,7 +24,7 @@ from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout.base import Completion, SamplingParams
 from grpo.rollout.native import NativeEngine
 from grpo.train.batch import TrainBatch, build_batch, response_hidden_states
-from grpo.train.memory import AdaptiveBatchSize, FaultHook, run_in_micro_batches
+from grpo.train.memory import AdaptiveBatchSize, FaultHook, phase_peak_memory, run_in_micro_batches
 from grpo.verify.rewards import compute_rewards
 
 
@@ -184,8 +184,10 @@ def policy_updates(ctx: StepContext, batch: TrainBatch, advantages: torch.Tensor
 def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[str, float], Rollouts, list[dict]]:
     """The whole step; returns (metrics, rollouts, per-sample reward reasons)."""
     p = ctx.params
+    peaks: dict[str, float] = {}
     t0 = time.perf_counter()
-    ro = generate_groups(ctx, prompts, step)
+    with phase_peak_memory(peaks, "generate", ctx.device):
+        ro = generate_groups(ctx, prompts, step)
     t_gen = time.perf_counter() - t0
     n_tokens = [len(c.token_ids) for c in ro.completions]
     finish = [c.finish_reason for c in ro.completions]
@@ -201,7 +203,7 @@ def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[st
         "frac_reward_zero_std": float(adv.frac_reward_zero_std),
         "response_length_mean": sum(n_tokens) / len(n_tokens), "response_length_max": float(max(n_tokens)),
         "truncated_frac": finish.count("length") / len(finish),
-        "rollout_tokens_per_s": sum(n_tokens) / max(t_gen, 1e-9), "time_generate_s": t_gen,
+        "rollout_tokens_per_s": sum(n_tokens) / max(t_gen, 1e-9), "time_generate_s": t_gen, **peaks,
     }
     metrics.update({f"reward/{name}": sum(v) / len(v) for name, v in per_fn.items()})
     if "correctness" in per_fn:
@@ -212,16 +214,16 @@ def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[st
     kept = [c for c, k in zip(ro.completions, keep_rows.tolist()) if k]
     batch = build_batch(kept, ctx.tokenizer.pad_token_id)
     t1 = time.perf_counter()
-    pre = scoring_pass(ctx, batch, step)
-    metrics.update(policy_updates(ctx, batch, adv.advantages[keep_rows], pre, step))
+    with phase_peak_memory(metrics, "score", ctx.device):
+        pre = scoring_pass(ctx, batch, step)
+    with phase_peak_memory(metrics, "train", ctx.device):
+        metrics.update(policy_updates(ctx, batch, adv.advantages[keep_rows], pre, step))
     t_train = time.perf_counter() - t1
     metrics.update(time_train_s=t_train, train_tokens_per_s=float(batch.response_mask.sum()) / max(t_train, 1e-9),
                    lr=ctx.scheduler.get_last_lr()[0], skipped_step=0.0)
     for name, size in ctx.sizes.items():
         metrics[f"micro_batch/{name}"] = float(size.current)
         metrics[f"oom_events/{name}"] = float(size.oom_events)
-    if torch.cuda.is_available():
-        metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30
     if not math.isfinite(metrics.get("grad_norm", 0.0)):
         raise FloatingPointError(f"step {step}: non-finite gradient norm; metrics {metrics}")
     return metrics, ro, reasons

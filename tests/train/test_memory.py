@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.train.memory import AdaptiveBatchSize, FaultHook, InjectedOOM, run_in_micro_batches
+from grpo.train.memory import AdaptiveBatchSize, FaultHook, InjectedOOM, phase_peak_memory, run_in_micro_batches
 
 
 def test_fault_hook_grammar():
@@ -77,3 +77,15 @@ def test_size_grows_back_after_clean_steps():
     for _ in range(2):
         sizer.end_step(had_oom=False)
     assert sizer.current == 4
+
+
+def test_phase_peak_memory_on_cpu_is_the_process_high_water_mark():
+    """On CPU the recorded peak is ru_maxrss: it covers a 256 MiB block allocated inside the phase."""
+    metrics: dict[str, float] = {}
+    with phase_peak_memory(metrics, "generate", torch.device("cpu")):
+        block = torch.ones(64, 2**20)  # 256 MiB, touched
+        del block
+    with open("/proc/self/status") as f:
+        rss_now = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 2**20
+    assert set(metrics) == {"peak_memory_gib/generate"}
+    assert metrics["peak_memory_gib/generate"] >= rss_now + 0.24  # the block was freed, the peak remains

@@ -79,6 +79,7 @@ def test_trains_only_lora_and_writes_outputs(tmp_path, tiny_model_dir):
     assert summary["steps"] == 3
     steps = (tmp_path / "plain/metrics/steps.csv").read_text().splitlines()
     assert len(steps) == 4 and "reward/digit_share" in steps[0] and "kl_mean" in steps[0]
+    assert all(f"peak_memory_gib/{phase}" in steps[0] for phase in ("generate", "score", "train"))
     validation = (tmp_path / "plain/metrics/validation.csv").read_text().splitlines()
     assert [line.split(",")[0] for line in validation[1:]] == ["2", "3"]
     # last checkpoint (keep_last 1) plus the validated steps, which keep only their adapter
