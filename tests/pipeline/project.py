@@ -32,8 +32,10 @@ def env() -> dict[str, str]:
     return e
 
 
-def run(args: list[str] | str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(args, cwd=cwd, env=env(), capture_output=True, text=True, shell=isinstance(args, str))
+def run(args: list[str] | str, cwd: Path, check: bool = True, **extra_env: str) -> subprocess.CompletedProcess:
+    """Run a command (a string goes through the shell, as a user types it) with the venv on PATH."""
+    proc = subprocess.run(args, cwd=cwd, env={**env(), **extra_env}, capture_output=True, text=True,
+                          shell=isinstance(args, str))
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc

@@ -70,6 +70,11 @@ def test_exp_run_set_param_queue_and_sweep(project_copy):
     finally:
         run("dvc queue stop", project_copy, check=False)  # no worker outlives the test
 
+    # the workspace holds the last `dvc exp run` (lr 1e-3): compare it with the commit
+    assert "train.lr" in run("dvc params diff", project_copy).stdout
+    run("dvc plots diff", project_copy)
+    assert "steps.csv" in (project_copy / "dvc_plots/index.html").read_text()
+
     found = experiments(project_copy)
     assert {"lr-1e-3", "lr-2e-3"} <= set(found), sorted(found)
     for name, lr in (("lr-1e-3", 1e-3), ("lr-2e-3", 2e-3)):

@@ -22,8 +22,9 @@ PULLED = ["models/base/config.json", "data/prepared/train.jsonl", "data/sent/sco
           "models/best/SELECTION.json", "eval/best/gsm8k.jsonl", "reports/report.md"]
 
 
-def push_clone_pull(project: Path, clone: Path, *remote_setup: str, local_setup: tuple[str, ...] = ()) -> Path:
-    """Add the remote (committed), push data and run cache, clone with git, pull: the README's steps."""
+def push_clone_pull(project: Path, workdir: Path, *remote_setup: str, local_setup: tuple[str, ...] = ()) -> Path:
+    """Add the remote (committed), push data and run cache, clone with git into ``workdir``, pull: the
+    README's steps, its commands verbatim. Returns the clone."""
     for command in remote_setup:
         run(command, project)
     for command in local_setup:
@@ -32,7 +33,8 @@ def push_clone_pull(project: Path, clone: Path, *remote_setup: str, local_setup:
     pushed = run("dvc push", project)
     assert "pushed" in pushed.stdout
     run("dvc push --run-cache", project)
-    run(["git", "clone", "-q", str(project), str(clone)], project.parent)
+    run('git clone "$REPO_URL" grpo-dvc && cd grpo-dvc', workdir, REPO_URL=str(project))
+    clone = workdir / "grpo-dvc"
     for command in local_setup:  # credentials live in .dvc/config.local: each user sets their own
         run(command, clone)
     run("dvc pull", clone)
@@ -51,7 +53,7 @@ def assert_clean_clone(project: Path, clone: Path) -> None:
 
 def test_local_remote_push_clone_pull(project_copy, tmp_path):
     storage = tmp_path / "dvc-storage"
-    clone = push_clone_pull(project_copy, tmp_path / "clone", f"dvc remote add -d storage {storage}")
+    clone = push_clone_pull(project_copy, tmp_path, f"dvc remote add -d storage {storage}")
     assert (storage / "files" / "md5").is_dir()
     assert (storage / "runs").is_dir(), "dvc push --run-cache pushed no run cache"
     assert_clean_clone(project_copy, clone)
@@ -116,7 +118,7 @@ def test_ssh_remote_push_clone_pull(project_copy, tmp_path, sshd):
     storage = tmp_path / "ssh-storage"
     url = f"ssh://{sshd['user']}@127.0.0.1:{sshd['port']}{storage}"
     clone = push_clone_pull(
-        project_copy, tmp_path / "clone",
+        project_copy, tmp_path,
         f"dvc remote add -d storage {url}",
         local_setup=(f"dvc remote modify --local storage keyfile {sshd['key']}",),
     )
