@@ -43,9 +43,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="file to overwrite (default: params.yaml)")
     parser.add_argument("--list", action="store_true", help="list the presets and exit")
     args = parser.parse_args(argv)
-    if args.list or not args.name:
+    if args.list:
         print("\n".join(available()))
-        return 0 if args.list else 2
+        return 0
+    if not args.name:
+        parser.error(f"name a preset ({', '.join(available())}) or use --list")
     try:
         path = apply_preset(args.name, args.params)
     except (ValueError, ConfigError) as exc:

@@ -118,3 +118,15 @@ def test_check_of_the_default_params_on_this_machine():
     proc = check()
     assert proc.returncode == 0, proc.stderr
     assert "smollm2-135m-instruct" in proc.stdout and "fits: peak" in proc.stdout
+
+
+def test_check_bad_params_and_missing_gpu_exit_2(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: {lr: -1}\n")
+    proc = check("--params", str(bad))
+    assert proc.returncode == 2 and "train.lr: got -1" in proc.stderr
+    import torch
+
+    if not torch.cuda.is_available():  # a preset pinned to cuda, on a machine without a GPU
+        proc = check("--params", "presets/h200.yaml")
+        assert proc.returncode == 2 and "plan with --budget-gib" in proc.stderr

@@ -73,7 +73,8 @@ def test_exp_run_set_param_queue_and_sweep(project_copy):
     # the workspace holds the last `dvc exp run` (lr 1e-3): compare it with the commit
     assert "train.lr" in run("dvc params diff", project_copy).stdout
     run("dvc plots diff", project_copy)
-    assert "steps.csv" in (project_copy / "dvc_plots/index.html").read_text()
+    html = (project_copy / "dvc_plots/index.html").read_text()
+    assert "vegaEmbed('#reward'" in html and '"rev": "workspace"' in html and '"rev": "HEAD"' in html
 
     found = experiments(project_copy)
     assert {"lr-1e-3", "lr-2e-3"} <= set(found), sorted(found)
