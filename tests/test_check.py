@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -92,41 +90,43 @@ def test_resolve_arch_reads_a_local_folder_and_refuses_an_unknown_hub_id(tiny_mo
         resolve_arch("someone/unknown-model", base_dir=tmp_path)
 
 
-def check(*args: str, cwd=ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "grpo.check", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+def check(capsys, *args: str) -> tuple[int, str, str]:
+    """``python -m grpo.check`` in-process (the README test runs the real command): (exit, out, err)."""
+    from grpo.check import main
+
+    cwd = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        code = main(list(args))
+    finally:
+        os.chdir(cwd)
+    out, err = capsys.readouterr()
+    return code, out, err
 
 
-def test_check_prints_device_versions_and_plan_and_fits():
-    proc = check("--params", "presets/rtx3060ti-8gb.yaml", "--budget-gib", "8")
-    assert proc.returncode == 0, proc.stderr
-    out = proc.stdout
+def test_check_prints_device_versions_and_plan_and_fits(capsys):
+    code, out, err = check(capsys, "--params", "presets/rtx3060ti-8gb.yaml", "--budget-gib", "8")
+    assert code == 0, err
     assert out.startswith("device: ") and "torch 2.13.0" in out and "transformers 5.17.0" in out
     for row in ("base_weights", "dense_copy", "lora_and_optimizer", "kv_cache", "activations", "peak: training"):
         assert row in out
     assert "fits: peak" in out
 
 
-def test_check_fails_clearly_when_the_plan_does_not_fit():
-    proc = check("--params", "presets/rocm-bf16-llama8b.yaml", "--budget-gib", "8")
-    assert proc.returncode == 1
-    assert "error: the plan needs" in proc.stderr and "--budget-gib 8 has 8.00 GiB" in proc.stderr
-    assert "base_weights" in proc.stderr  # names the largest items
+def test_check_fails_clearly_when_the_plan_does_not_fit(capsys):
+    code, out, err = check(capsys, "--params", "presets/rocm-bf16-llama8b.yaml", "--budget-gib", "8")
+    assert code == 1
+    assert "error: the plan needs" in err and "--budget-gib 8 has 8.00 GiB" in err
+    assert "base_weights" in err  # names the largest items
 
 
-def test_check_of_the_default_params_on_this_machine():
-    proc = check()
-    assert proc.returncode == 0, proc.stderr
-    assert "smollm2-135m-instruct" in proc.stdout and "fits: peak" in proc.stdout
-
-
-def test_check_bad_params_and_missing_gpu_exit_2(tmp_path):
+def test_check_bad_params_and_missing_gpu_exit_2(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("train: {lr: -1}\n")
-    proc = check("--params", str(bad))
-    assert proc.returncode == 2 and "train.lr: got -1" in proc.stderr
+    code, out, err = check(capsys, "--params", str(bad))
+    assert code == 2 and "train.lr: got -1" in err
     import torch
 
     if not torch.cuda.is_available():  # a preset pinned to cuda, on a machine without a GPU
-        proc = check("--params", "presets/h200.yaml")
-        assert proc.returncode == 2 and "plan with --budget-gib" in proc.stderr
+        code, out, err = check(capsys, "--params", "presets/h200.yaml")
+        assert code == 2 and "plan with --budget-gib" in err

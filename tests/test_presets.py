@@ -2,14 +2,10 @@
 name is a clear error with a non-zero exit; each plans within the memory of the card it is named for."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 
 from grpo.config import SECTIONS, load_params
-from grpo.preset import PRESETS, available
+from grpo.preset import PRESETS, available, main
 
 TARGET_GIB = {"rtx3060ti-8gb": 8, "h200": 141, "rocm-bf16-llama8b": 24}
 
@@ -51,29 +47,25 @@ def test_h200_preset_is_larger_than_the_8gb_one():
     assert big.prompts_per_step > small.prompts_per_step
 
 
-def run_module(module: str, *args: str, cwd) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": str(PRESETS.parent)})
-
-
 def test_switching_copies_the_preset_over_params_yaml(tmp_path):
-    (tmp_path / "params.yaml").write_text("old: true\n")
-    proc = run_module("grpo.preset", "rtx3060ti-8gb", cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert (tmp_path / "params.yaml").read_text() == (PRESETS / "rtx3060ti-8gb.yaml").read_text()
+    params = tmp_path / "params.yaml"
+    params.write_text("old: true\n")
+    assert main(["rtx3060ti-8gb", "--params", str(params)]) == 0
+    assert params.read_text() == (PRESETS / "rtx3060ti-8gb.yaml").read_text()
 
 
-def test_unknown_preset_is_a_clear_error_and_leaves_params_alone(tmp_path):
-    (tmp_path / "params.yaml").write_text("old: true\n")
-    proc = run_module("grpo.preset", "rtx4090", cwd=tmp_path)
-    assert proc.returncode == 2
-    assert "unknown preset 'rtx4090'" in proc.stderr and "rtx3060ti-8gb" in proc.stderr
-    assert (tmp_path / "params.yaml").read_text() == "old: true\n"
+def test_unknown_preset_is_a_clear_error_and_leaves_params_alone(tmp_path, capsys):
+    params = tmp_path / "params.yaml"
+    params.write_text("old: true\n")
+    assert main(["rtx4090", "--params", str(params)]) == 2
+    err = capsys.readouterr().err
+    assert "unknown preset 'rtx4090'" in err and "rtx3060ti-8gb" in err
+    assert params.read_text() == "old: true\n"
 
 
 @pytest.mark.parametrize("name", sorted(TARGET_GIB))
-def test_preset_fits_its_card(name, tmp_path):
-    proc = run_module("grpo.check", "--params", str(PRESETS / f"{name}.yaml"), "--budget-gib", str(TARGET_GIB[name]),
-                      cwd=tmp_path)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "fits: peak" in proc.stdout
+def test_preset_fits_its_card(name, capsys):
+    from grpo.check import main as check
+
+    assert check(["--params", str(PRESETS / f"{name}.yaml"), "--budget-gib", str(TARGET_GIB[name])]) == 0
+    assert "fits: peak" in capsys.readouterr().out
