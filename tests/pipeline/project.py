@@ -32,8 +32,10 @@ def env() -> dict[str, str]:
     return e
 
 
-def run(args: list[str] | str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(args, cwd=cwd, env=env(), capture_output=True, text=True, shell=isinstance(args, str))
+def run(args: list[str] | str, cwd: Path, check: bool = True, **extra_env: str) -> subprocess.CompletedProcess:
+    """Run a command (a string goes through the shell, as a user types it) with the venv on PATH."""
+    proc = subprocess.run(args, cwd=cwd, env={**env(), **extra_env}, capture_output=True, text=True,
+                          shell=isinstance(args, str))
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc
@@ -57,6 +59,33 @@ def edit_params(project: Path, **sections: dict) -> None:
     for name, values in sections.items():
         params.setdefault(name, {}).update(values)
     path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+BENCHMARKS = ["gsm8k", "gsm_plus", "math500", "aime24"]
+
+
+def tiny_params(project: Path, tiny_model_dir: Path, benchmarks: list[str] = BENCHMARKS) -> None:
+    """The smallest settings that still run every stage for real on the tiny random model."""
+    edit_params(
+        project,
+        model={"source": str(tiny_model_dir)},
+        prepare={"benchmarks": benchmarks, "max_train": 12, "max_val": 2, "max_eval": {b: 2 for b in benchmarks}},
+        sent={"engine": "native", "M": 2, "max_new_tokens": 6, "batch_size": 4, "save_every": 4, "num_stages": 2},
+        train={"max_steps": 2, "prompts_per_step": 2, "group_size": 2, "max_response_length": 6,
+               "save_every": 1, "val_every": 1, "val_max_new_tokens": 4, "compute_dtype": "float32",
+               "log_completions_every": 1},
+        evaluate={"engine": "native", "benchmarks": {b: {"max_new_tokens": 4} for b in benchmarks}},
+    )
+
+
+def restrict_benchmarks(project: Path, benchmarks: list[str]) -> None:
+    """Cut the evaluation matrix in dvc.yaml to ``benchmarks``: same DAG shape, fewer evaluate stages.
+    For tests of DVC workflows (remotes, experiments); the full matrix has its own test."""
+    path = project / "dvc.yaml"
+    dvc = yaml.safe_load(path.read_text())
+    for name in ("evaluate_base", "evaluate"):
+        dvc["stages"][name]["matrix"]["benchmark"] = list(benchmarks)
+    path.write_text(yaml.safe_dump(dvc, sort_keys=False))
 
 
 def ran_stages(output: str) -> list[str]:

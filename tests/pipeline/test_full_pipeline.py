@@ -8,23 +8,9 @@ import json
 
 import pytest
 
-from tests.pipeline.project import copy_project, edit_params, ran_stages, run
+from tests.pipeline.project import BENCHMARKS, copy_project, edit_params, ran_stages, run, tiny_params
 
 pytestmark = pytest.mark.slow
-BENCHMARKS = ["gsm8k", "gsm_plus", "math500", "aime24"]
-
-
-def tiny_params(project, tiny_model_dir) -> None:
-    edit_params(
-        project,
-        model={"source": str(tiny_model_dir)},
-        prepare={"max_train": 12, "max_val": 2, "max_eval": {b: 2 for b in BENCHMARKS}},
-        sent={"engine": "native", "M": 2, "max_new_tokens": 6, "batch_size": 4, "save_every": 4, "num_stages": 2},
-        train={"max_steps": 2, "prompts_per_step": 2, "group_size": 2, "max_response_length": 6,
-               "save_every": 1, "val_every": 1, "val_max_new_tokens": 4, "compute_dtype": "float32",
-               "log_completions_every": 1},
-        evaluate={"engine": "native", "benchmarks": {b: {"max_new_tokens": 4} for b in BENCHMARKS}},
-    )
 
 
 def test_full_dag_and_selective_reruns(tmp_path, tiny_model_dir):
