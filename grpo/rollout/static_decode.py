@@ -217,7 +217,7 @@ class StaticDecoder:
         prompt_mask = attention_mask.to(dev).bool()
         self.valid = torch.zeros(b, total, dtype=torch.bool, device=dev)
         self.valid[:, :p] = prompt_mask
-        self.stop_ids = torch.tensor(stop_ids, device=dev)
+        self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=dev)
         self.pad_id = torch.tensor(pad_id, device=dev)
         self.out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=dev)
         self.finished = torch.zeros(b, dtype=torch.bool, device=dev)

@@ -122,3 +122,14 @@ def test_unknown_backend_is_refused(tiny_model_dir, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with pytest.raises(ValueError, match="backend"):
         NativeEngine(model, tokenizer, batch_size=1, backend="sglang")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU (the eager step is tested above)")
+def test_cuda_graph_decode_matches_generate(tiny_model_dir, tokenizer, prompts):
+    model = _with_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda())
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    engine = NativeEngine(model, tokenizer, batch_size=3, backend="static")
+    engine._decoder = StaticDecoder(model, bucket=16, sync_every=8)
+    assert engine._decoder.cuda_graphs
+    assert _ids(engine, prompts, params) == hf
