@@ -184,7 +184,7 @@ def run_rollout() -> None:
         log(res, f"greedy_vs_generate_{name}", greedy_agreement(policy, decoder))
         del decoder
     for batch in BATCHES:  # the engine before this issue: generate on the dense copy, few tokens (slow)
-        log(res, f"hf_generate_nf4_lora_dense_B{batch}", hf_rollout(policy, batch, 32 if QUICK else 128, True))
+        log(res, f"hf_generate_nf4_lora_dense_B{batch}", hf_rollout(policy, batch, 32 if QUICK else 64, True))
     del policy
     torch.cuda.empty_cache()
     policy = load_policy("none")
@@ -364,6 +364,13 @@ def run_report() -> None:
     for key, val in ro.items():
         if key.startswith("hf_generate") and isinstance(val, dict):
             lines.append(f"| {key} | {key.split('_B')[1]} | {val['new_tokens']} | {val['tok_per_s']:,} | | |")
+    for key, val in ro.items():  # decode-only rate: the extra 256 tokens of the 768 run over the 512 run
+        if key.startswith("fast_") and key.endswith("_N768") and key.replace("_N768", "_N512") in ro:
+            short = ro[key.replace("_N768", "_N512")]
+            extra = (val["s"] - val["capture_s"]) - (short["s"] - short["capture_s"])
+            batch = int(key.split("_B")[1].split("_")[0])
+            lines.append(f"| {key[5:].split('_B')[0]} decode only (tokens 512-768) | {batch} | 256 | "
+                         f"{round(batch * 256 / extra):,} | | |")
     for backend in ("triton", "torch"):
         if f"{backend}_steady_s_per_step" in st:
             s = st[f"{backend}_steady_s_per_step"]

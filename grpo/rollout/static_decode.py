@@ -1,16 +1,19 @@
 """Fast sampling for decoder-only Qwen2/Llama-layout models: a preallocated (static) KV cache, one
 decode step that reads and writes only fixed buffers, and on CUDA that step captured as CUDA graphs.
 
-Why not ``model.generate``: at the R1-Distill-1.5B shape a decode step is ~200 small kernels, and HF
-launches them from Python with host syncs in between, so a step costs tens of milliseconds whatever
-the batch (DESIGN.md: nf4 generate reaches 317 tok/s at batch 64, 0.3% of the bandwidth floor). Here
-the whole step (28 layers, LM head, temperature / top-k / top-p, sampling, EOS bookkeeping, writing
-the token) is one graph replay; the host syncs only every ``sync_every`` steps to stop early.
+Why not ``model.generate``: at the R1-Distill-1.5B shape HF launches well over a thousand small
+kernels a decode step from Python, so a step costs tens of milliseconds whatever the batch
+(DESIGN.md: nf4 generate reaches 317 tok/s at batch 64, 0.3% of the bandwidth floor). Here the whole
+step (28 layers, LM head, temperature / top-k / top-p, sampling, EOS bookkeeping, writing the token)
+is one graph replay; the host syncs only every ``sync_every`` steps to stop early. Inside the graph
+the kernels still run one after another, so on CUDA each layer's two halves are torch.compile'd to
+fuse the norm / RoPE / softmax / SwiGLU elementwise work (the first call compiles, ~a minute).
 
 Weights: every linear layer runs as a dense matmul in the compute dtype. A bitsandbytes 4-bit base is
-de-quantised once and cached (grpo.model.dequant, the copy ``dense_base`` also uses); LoRA layers are
-either folded into a separate dense copy of that layer at each ``generate`` (``merge_lora=True``: only
-the LoRA-targeted layers are copied, e.g. q/k/v/o) or applied unmerged at run time (no extra copy).
+de-quantised once and cached (grpo.model.dequant, the copy ``dense_base`` also uses); q/k/v run as one
+concatenated matmul. LoRA layers are either folded into that concatenated copy at each ``generate``
+(``merge_lora=True``: the copy exists anyway, so merging costs no memory beyond the LoRA-targeted
+layers) or applied unmerged as two extra small matmuls per projection group.
 
 Attention is computed explicitly (grouped-query matmuls, fp32 softmax) over the cache up to a length
 bucket, one graph per bucket, so early steps do not read the empty end of the cache. Sampling draws
@@ -21,7 +24,6 @@ The numbers are the model's; the random stream is not HF's, so sampled (not gree
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -33,27 +35,68 @@ from grpo.model.lora import LoRALinear
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral", "qwen3")
 
 
-@dataclass
-class _Linear:
-    """One linear layer as plain tensors: ``x @ weight.T + bias (+ LoRA branch when unmerged)``."""
-
-    module: torch.nn.Module  # the model's module (LoRALinear or the base), read again at each refresh
-    weight: Tensor | None = None
-    bias: Tensor | None = None
-    lora: tuple[Tensor, Tensor, float] | None = None
-
-    def __call__(self, x: Tensor) -> Tensor:
-        y = F.linear(x, self.weight, self.bias)
-        if self.lora is not None:
-            a, b, scale = self.lora
-            y = y + (F.linear(F.linear(x.float(), a), b) * scale).to(y.dtype)
-        return y
-
-
-def _base_dense(base: torch.nn.Module, quantised: set[int], dtype: torch.dtype) -> Tensor:
+def _dense(module: torch.nn.Module, quantised: set[int], dtype: torch.dtype) -> Tensor:
+    """The frozen base weight of a linear layer in the compute dtype (4-bit: the cached dense copy)."""
+    base = module.base if isinstance(module, LoRALinear) else module
     if id(base) in quantised:
         return _dense_weight(base)
     return base.weight if base.weight.dtype == dtype else base.weight.to(dtype)
+
+
+def _bias(module: torch.nn.Module, dtype: torch.dtype) -> Tensor | None:
+    base = module.base if isinstance(module, LoRALinear) else module
+    return None if base.bias is None else base.bias.to(dtype)
+
+
+def _lora_on(module: torch.nn.Module) -> bool:
+    return isinstance(module, LoRALinear) and not module.disabled
+
+
+def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """HF's Qwen2/Llama RMSNorm, op for op (fp32 statistics, cast back, then scale)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _project_qkv(x: Tensor, cos: Tensor, sin: Tensor, w: tuple, cfg: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    """Layer part 1: norm, fused q/k/v projection (+ LoRA), q/k norms (Qwen3), RoPE.
+    Returns q [B, T, Hq, D] and k, v transposed for the cache [B, Hkv, T, D]."""
+    ln1, qkv_w, qkv_b, lora_a, lora_b, q_norm, k_norm = w
+    n_heads, n_kv, d, eps = cfg
+    b, t, _ = x.shape
+    h = _rms(x, ln1, eps)
+    qkv = F.linear(h, qkv_w, qkv_b)
+    if lora_a is not None:  # q/k/v adapters as one A (stacked) and one block-diagonal B, scale folded in
+        qkv = qkv + F.linear(F.linear(h.float(), lora_a), lora_b).to(qkv.dtype)
+    q, k, v = qkv.split([n_heads * d, n_kv * d, n_kv * d], dim=-1)
+    q, k, v = q.view(b, t, n_heads, d), k.view(b, t, n_kv, d), v.view(b, t, n_kv, d)
+    if q_norm is not None:
+        q, k = _rms(q, q_norm, eps), _rms(k, k_norm, eps)
+    return _rope(q, cos, sin), _rope(k, cos, sin).transpose(1, 2), v.transpose(1, 2)
+
+
+def _attend_and_mlp(x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, w: tuple, cfg: tuple) -> Tensor:
+    """Layer part 2: grouped-query attention over the cache k, v [B, Hkv, L, D] where ``mask`` [B, T, L]
+    allows, output projection (+ LoRA), residual, norm, SwiGLU MLP, residual."""
+    o_w, o_b, lora_a, lora_b, ln2, gate_w, up_w, down_w = w
+    n_heads, n_kv, d, eps = cfg
+    b, t = q.shape[:2]
+    g = n_heads // n_kv
+    # query head h reads kv head h // g (HF's repeat_kv): group the heads instead of copying k/v
+    q = q.view(b, t, n_kv, g, d).permute(0, 2, 3, 1, 4).reshape(b, n_kv, g * t, d)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (d ** -0.5)
+    scores = scores.view(b, n_kv, g, t, -1)
+    # a large finite negative, not -inf: a row with nothing to attend to (a left pad) stays finite
+    scores = scores.masked_fill(~mask[:, None, None], torch.finfo(torch.float32).min)
+    probs = scores.softmax(-1).to(v.dtype).view(b, n_kv, g * t, -1)
+    a = torch.matmul(probs, v).view(b, n_kv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, n_heads * d)
+    o = F.linear(a, o_w, o_b)
+    if lora_a is not None:
+        o = o + F.linear(F.linear(a.float(), lora_a), lora_b).to(o.dtype)
+    x = x + o
+    h = _rms(x, ln2, eps)
+    return x + F.linear(F.silu(F.linear(h, gate_w)) * F.linear(h, up_w), down_w)
 
 
 def supports(model: torch.nn.Module) -> str | None:
@@ -65,33 +108,41 @@ def supports(model: torch.nn.Module) -> str | None:
         return "sliding-window attention"
     if getattr(cfg, "rope_scaling", None) and "dynamic" in str(cfg.rope_scaling):
         return "dynamic RoPE scaling"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"hidden_act {cfg.hidden_act!r} (SwiGLU with silu only)"
     return None
 
 
 class StaticDecoder:
-    """Prefill plus graph-replayed decode over the modules of ``model`` (weights shared, not copied,
-    except the merged LoRA layers). Call ``refresh()`` after the LoRA weights change."""
+    """Prefill plus graph-replayed decode over the weights of ``model`` (dense copies where the base is
+    4-bit, merged copies of LoRA layers when ``merge_lora``). Call ``refresh()`` after LoRA changes.
+
+    On CUDA each layer's two halves are compiled by torch.compile (``compile``) so that the norm, RoPE,
+    softmax and SwiGLU elementwise work fuses into a few kernels: with ~45 small kernels a layer a
+    decode step is launch-bound even inside a CUDA graph."""
 
     def __init__(self, model: torch.nn.Module, *, merge_lora: bool = True, cuda_graphs: bool | None = None,
-                 bucket: int = 128, sync_every: int = 32) -> None:
+                 compile: bool | None = None, bucket: int = 128, sync_every: int = 32) -> None:
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"StaticDecoder cannot run this model: {reason}")
         self.model = model
         self.body = model.get_decoder()
         self.device = model.get_input_embeddings().weight.device
-        self.cuda_graphs = self.device.type == "cuda" if cuda_graphs is None else cuda_graphs
+        on_gpu = self.device.type == "cuda"
+        self.cuda_graphs = on_gpu if cuda_graphs is None else cuda_graphs
         self.bucket, self.sync_every, self.merge_lora = bucket, sync_every, merge_lora
         cfg = model.config
         self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.scaling = self.head_dim ** -0.5
+        self.cfg = (self.n_heads, self.n_kv, self.head_dim, float(cfg.rms_norm_eps))
         self._quantised = {id(m) for m in _linear4bit_modules(model)}
         self.dtype = self._compute_dtype()
-        self.layers = [{name: _Linear(self._module(layer, name)) for name in
-                        ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")}
-                       for layer in self.body.layers]
+        use_compile = on_gpu if compile is None else compile
+        self._part1 = torch.compile(_project_qkv) if use_compile else _project_qkv
+        self._part2 = torch.compile(_attend_and_mlp) if use_compile else _attend_and_mlp
+        self.weights: list[tuple[tuple, tuple]] = []
         self.refresh()
 
     def _compute_dtype(self) -> torch.dtype:
@@ -100,70 +151,53 @@ class StaticDecoder:
                 return m.compute_dtype or torch.bfloat16
         return self.model.get_input_embeddings().weight.dtype
 
-    @staticmethod
-    def _module(layer: torch.nn.Module, name: str) -> torch.nn.Module:
-        parent = layer.self_attn if name.endswith(("q_proj", "k_proj", "v_proj", "o_proj")) else layer.mlp
-        return getattr(parent, name)
-
     @torch.no_grad()
     def refresh(self) -> None:
-        """Re-read LoRA weights: refold merged layers, or point unmerged layers at the live parameters."""
-        for layer in self.layers:
-            for lin in layer.values():
-                m = lin.module
-                base = m.base if isinstance(m, LoRALinear) else m
-                dense = _base_dense(base, self._quantised, self.dtype)
-                lin.bias = None if base.bias is None else base.bias.to(self.dtype)
-                lora_on = isinstance(m, LoRALinear) and not m.disabled
-                if lora_on and self.merge_lora:
-                    merged = (dense.float() + m.delta_weight().to(dense.device)).to(self.dtype)
-                    if lin.weight is None or lin.weight is dense or lin.weight.shape != merged.shape:
-                        lin.weight = merged
-                    else:
-                        lin.weight.copy_(merged)  # same storage: captured graphs stay valid
-                    lin.lora = None
-                else:
-                    lin.weight = dense
-                    lin.lora = (m.lora_A, m.lora_B, m.scaling) if lora_on else None
+        """(Re)build each layer's weight tuples from the live modules: refolds merged LoRA, re-reads
+        unmerged LoRA. Tensors are rebuilt, so graphs captured before are stale (generate recaptures)."""
+        dt, merged = self.dtype, self.merge_lora
+        weights = []
+        for layer in self.body.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            qkv = [at.q_proj, at.k_proj, at.v_proj]
+
+            def dense(m):
+                w = _dense(m, self._quantised, dt)
+                return (w.float() + m.delta_weight().to(w.device)).to(dt) if merged and _lora_on(m) else w
+
+            qkv_w = torch.cat([dense(m) for m in qkv])
+            biases = [_bias(m, dt) for m in qkv]
+            qkv_b = None if all(b is None for b in biases) else torch.cat(
+                [torch.zeros(m.out_features, dtype=dt, device=qkv_w.device) if b is None else b
+                 for m, b in zip(qkv, biases)])
+            qkv_lora = (None, None) if merged else _stacked_lora(qkv)
+            o_lora = (None, None) if merged else _stacked_lora([at.o_proj])
+            q_norm = getattr(at, "q_norm", None)
+            k_norm = getattr(at, "k_norm", None)
+            part1 = (layer.input_layernorm.weight, qkv_w, qkv_b, *qkv_lora,
+                     None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight)
+            part2 = (dense(at.o_proj), _bias(at.o_proj, dt), *o_lora, layer.post_attention_layernorm.weight,
+                     _dense(mlp.gate_proj, self._quantised, dt), _dense(mlp.up_proj, self._quantised, dt),
+                     _dense(mlp.down_proj, self._quantised, dt))
+            weights.append((part1, part2))
+        self.weights = weights
 
     # --- the forward pass ------------------------------------------------------------------
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """q [B, T, Hq, D]; k, v [B, Hkv, L, D]; mask [B, T, L] bool (True = may attend) -> [B, T, Hq*D]."""
-        b, t = q.shape[:2]
-        g = self.n_heads // self.n_kv
-        # query head h reads kv head h // g (HF's repeat_kv): group the heads instead of copying k/v
-        q = q.view(b, t, self.n_kv, g, self.head_dim).permute(0, 2, 3, 1, 4).reshape(b, self.n_kv, g * t, self.head_dim)
-        scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(self.scaling)
-        scores = scores.view(b, self.n_kv, g, t, -1)
-        # a large finite negative, not -inf: a row with nothing to attend to (a left pad) stays finite
-        scores.masked_fill_(~mask[:, None, None], torch.finfo(torch.float32).min)
-        probs = scores.softmax(-1).to(v.dtype).view(b, self.n_kv, g * t, -1)
-        out = torch.matmul(probs, v).view(b, self.n_kv, g, t, self.head_dim)
-        return out.permute(0, 3, 1, 2, 4).reshape(b, t, self.n_heads * self.head_dim)
-
-    def _forward(self, ids: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, length: int) -> Tensor:
+    def _forward(self, ids: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, length: int,
+                 eager: bool = False) -> Tensor:
         """Run ``ids`` [B, T] at ``positions`` [B, T], writing K/V into cache slots ``slots`` [T] and
-        attending over cache slots [0, length); returns the last position's final hidden state [B, H]."""
+        attending over cache slots [0, length) where ``mask`` [B, T, >=length] allows; returns the last
+        position's final hidden state [B, H]. ``eager`` skips the compiled parts (prefill's shapes)."""
+        part1, part2 = (_project_qkv, _attend_and_mlp) if eager else (self._part1, self._part2)
         x = self.body.embed_tokens(ids).to(self.dtype)
-        b, t = ids.shape
         cos, sin = self.body.rotary_emb(x, positions)
         cos, sin = cos[:, :, None], sin[:, :, None]
-        for i, (layer, w) in enumerate(zip(self.body.layers, self.layers)):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = w["q_proj"](h).view(b, t, self.n_heads, self.head_dim)
-            k = w["k_proj"](h).view(b, t, self.n_kv, self.head_dim)
-            v = w["v_proj"](h).view(b, t, self.n_kv, self.head_dim)
-            if hasattr(attn, "q_norm"):  # Qwen3
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            self.k_cache[i].index_copy_(2, slots, k.transpose(1, 2))
-            self.v_cache[i].index_copy_(2, slots, v.transpose(1, 2))
-            a = self._attend(q, self.k_cache[i][:, :, :length], self.v_cache[i][:, :, :length], mask[:, :, :length])
-            x = x + w["o_proj"](a)
-            h = layer.post_attention_layernorm(x)
-            mlp = layer.mlp
-            x = x + w["down_proj"](mlp.act_fn(w["gate_proj"](h)) * w["up_proj"](h))
+        mask = mask[:, :, :length]
+        for i, (w1, w2) in enumerate(self.weights):
+            q, k, v = part1(x, cos, sin, w1, self.cfg)
+            self.k_cache[i].index_copy_(2, slots, k)
+            self.v_cache[i].index_copy_(2, slots, v)
+            x = part2(x, q, self.k_cache[i][:, :, :length], self.v_cache[i][:, :, :length], mask, w2, self.cfg)
         return self.body.norm(x[:, -1])
 
     def _next_token(self, hidden: Tensor) -> Tensor:
@@ -211,9 +245,10 @@ class StaticDecoder:
         b, p = input_ids.shape
         total = p + max_new_tokens
         dev = self.device
-        self.k_cache = [torch.empty(b, self.n_kv, total, self.head_dim, dtype=self.dtype, device=dev)
-                        for _ in self.layers]
-        self.v_cache = [torch.empty_like(c) for c in self.k_cache]
+        # zeros, not empty: masked slots get probability 0, and 0 * NaN garbage would still be NaN
+        self.k_cache = [torch.zeros(b, self.n_kv, total, self.head_dim, dtype=self.dtype, device=dev)
+                        for _ in self.weights]
+        self.v_cache = [torch.zeros_like(c) for c in self.k_cache]
         prompt_mask = attention_mask.to(dev).bool()
         self.valid = torch.zeros(b, total, dtype=torch.bool, device=dev)
         self.valid[:, :p] = prompt_mask
@@ -228,7 +263,7 @@ class StaticDecoder:
             positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill_(~prompt_mask, 1)
             causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril_()
             mask = prompt_mask[:, None, :] & causal[None]
-            hidden = self._forward(input_ids.to(dev), positions, torch.arange(p, device=dev), mask, p)
+            hidden = self._forward(input_ids.to(dev), positions, torch.arange(p, device=dev), mask, p, eager=True)
             self._emit(self._next_token(hidden))
             self.positions = positions[:, -1] + 1
             self.slot = torch.full((1,), p, dtype=torch.long, device=dev)
@@ -268,6 +303,24 @@ class StaticDecoder:
                                 self.positions, self.slot), state):
             live.copy_(saved)
         return graphs
+
+
+def _stacked_lora(modules: list[torch.nn.Module]) -> tuple[Tensor | None, Tensor | None]:
+    """Unmerged LoRA of several projections that share an input and whose outputs are concatenated:
+    A stacked [sum r, in] and B block-diagonal [sum out, sum r] with each scaling folded in, so the
+    adapters of q, k and v cost two small matmuls, not six. (None, None) when none is active."""
+    if not any(_lora_on(m) for m in modules):
+        return None, None
+    first = next(m for m in modules if _lora_on(m))
+    device = first.lora_A.device
+    a_parts, b_blocks = [], []
+    for m in modules:
+        if _lora_on(m):
+            a_parts.append(m.lora_A.float())
+            b_blocks.append(m.lora_B.float() * m.scaling)
+        else:
+            b_blocks.append(torch.zeros(m.out_features, 0, device=device))
+    return torch.cat(a_parts), torch.block_diag(*b_blocks)
 
 
 def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
