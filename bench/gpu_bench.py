@@ -7,7 +7,7 @@ and memory do not depend on the values; nothing can be downloaded on the device 
     python bench/gpu_bench.py report    # one table from the JSONs (with gpu_anchor / trl_anchor ones)
 
 Each part writes ``$OUT/<part>.json`` (default bench/results/). QUICK=1 shrinks every shape (smoke test).
-Run from the repository root (bench/README-free: the device command is in bench/RESULTS.md).
+Run from the repository root; the device command used is in bench/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -72,13 +72,17 @@ def build_model_dir() -> Path:
     return MODEL_DIR
 
 
-def load_policy(quantization: str, seed: int = 0):
-    """The training policy: frozen base (nf4 or bf16) plus LoRA r16 on q/k/v/o with non-zero B."""
+def load_base(quantization: str):
     from grpo.model.loading import load_policy_model
+
+    return load_policy_model(build_model_dir(), quantization=quantization, compute_dtype="bfloat16",
+                             device="cuda", gradient_checkpointing=False).eval()
+
+
+def add_lora(model, seed: int = 0):
+    """The training policy: the frozen base plus LoRA r16 on q/k/v/o with non-zero B."""
     from grpo.model.lora import inject_lora, lora_modules
 
-    model = load_policy_model(build_model_dir(), quantization=quantization, compute_dtype="bfloat16",
-                              device="cuda", gradient_checkpointing=False)
     inject_lora(model, targets=["q_proj", "k_proj", "v_proj", "o_proj"], r=16, alpha=32, seed=seed)
     gen = torch.Generator().manual_seed(seed)
     for m in lora_modules(model).values():
@@ -124,7 +128,8 @@ def fast_rollout(decoder, batch: int, new: int, seed: int = 0) -> dict:
 
 
 def hf_rollout(model, batch: int, new: int, dense: bool) -> dict:
-    """Our previous engine path: ``model.generate`` on the same policy (optionally the dense copy)."""
+    """Plain ``model.generate`` (random prompts, forced ``new`` tokens, sampling) as gpu_anchor.py runs
+    it; with ``dense``, on the dense copy of a 4-bit base (our engine before this issue)."""
     from grpo.model.dequant import dense_base
 
     ids = torch.randint(100, 150000, (batch, PROMPT)).cuda()
@@ -171,7 +176,11 @@ def run_rollout() -> None:
     res: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "quick": QUICK}
     import transformers
     log(res, "transformers", transformers.__version__)
-    policy = load_policy("nf4")
+    plain_new = 32 if QUICK else 64  # plain generate is slow (~0.1-0.2 s a step): fewer tokens
+    policy = load_base("nf4")
+    for batch in BATCHES:
+        log(res, f"plain_generate_nf4_B{batch}", hf_rollout(policy, batch, plain_new, False))
+    policy = add_lora(policy)
     log(res, "nf4_policy_GiB", round(torch.cuda.memory_allocated() / GIB, 2))
     for merge in (True, False):
         decoder = StaticDecoder(policy, merge_lora=merge)
@@ -183,11 +192,14 @@ def run_rollout() -> None:
                 log(res, f"fast_nf4_lora_{name}_B{batch}_N{new}", fast_rollout(decoder, batch, new))
         log(res, f"greedy_vs_generate_{name}", greedy_agreement(policy, decoder))
         del decoder
-    for batch in BATCHES:  # the engine before this issue: generate on the dense copy, few tokens (slow)
-        log(res, f"hf_generate_nf4_lora_dense_B{batch}", hf_rollout(policy, batch, 32 if QUICK else 64, True))
+    for batch in BATCHES:  # the engine before this issue: generate on the dense copy
+        log(res, f"hf_generate_nf4_lora_dense_B{batch}", hf_rollout(policy, batch, plain_new, True))
     del policy
     torch.cuda.empty_cache()
-    policy = load_policy("none")
+    policy = load_base("none")
+    for batch in BATCHES:
+        log(res, f"plain_generate_bf16_B{batch}", hf_rollout(policy, batch, plain_new, False))
+    policy = add_lora(policy)
     decoder = StaticDecoder(policy, merge_lora=True)
     fast_rollout(decoder, 16, 16)
     for batch in BATCHES:
@@ -244,7 +256,7 @@ def run_step() -> None:
 
         trainer.engine.generate = generate
         steps = []
-        for step in range(3):
+        for step in range(2):  # step 0 also compiles the decode step (and Triton kernels): not steady
             batch_rows = rows[step * params.prompts_per_step:(step + 1) * params.prompts_per_step]
             (metrics, ro, _), seconds = timed(lambda: grpo_step(trainer.ctx, batch_rows, step))
             entry = {"s": round(seconds, 2), "generate_s": round(metrics["time_generate_s"], 2),
@@ -257,7 +269,7 @@ def run_step() -> None:
                      "micro_batch": {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("micro_batch/")}}
             log(res, f"{backend}_step{step}", entry)
             steps.append(entry)
-        log(res, f"{backend}_steady_s_per_step", round(sum(e["s"] for e in steps[1:]) / 2, 2))
+        log(res, f"{backend}_steady_s_per_step", steps[-1]["s"])
         log(res, f"{backend}_microbatch_4x896", microbatch_memory(trainer, loaded))
         trainer.engine.close()
         del trainer
@@ -350,19 +362,24 @@ def run_report() -> None:
 
     ro, st, ke, an = load("rollout.json"), load("step.json"), load("kernels.json"), load("anchor.json")
     trl = load("trl_cap8.json")
-    lines = ["| path | batch | new tokens | tok/s | vs plain generate nf4 (anchor) | vs bf16 generate (anchor) |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| path | batch | new tokens | tok/s | vs plain generate nf4 (this run; anchor) | "
+             "vs plain generate bf16 (this run; anchor) |", "| --- | --- | --- | --- | --- | --- |"]
+
+    def ratio(value: float, base: dict | float | None) -> str:
+        base = base.get("tok_per_s") if isinstance(base, dict) else base
+        return f"{value / base:.0f}x" if base else "n/a"
+
     for key, val in ro.items():
         if key.startswith("fast_") and isinstance(val, dict):
             batch = int(key.split("_B")[1].split("_")[0])
             new = key.split("_N")[1]
-            nf4 = an.get(f"hf_generate_nf4_B{batch}_tok_per_s")
-            bf16 = an.get(f"hf_generate_bf16_B{batch}_tok_per_s")
-            ratio = lambda base: f"{val['tok_per_s'] / base:.0f}x" if base else "n/a"
-            lines.append(f"| {key[5:].split('_B')[0]} | {batch} | {new} | {val['tok_per_s']:,} "
-                         f"(excl. capture {val['tok_per_s_excl_capture']:,}) | {ratio(nf4)} | {ratio(bf16)} |")
+            tps = val["tok_per_s"]
+            cells = [f"{ratio(tps, ro.get(f'plain_generate_{q}_B{batch}'))}; "
+                     f"{ratio(tps, an.get(f'hf_generate_{q}_B{batch}_tok_per_s'))}" for q in ("nf4", "bf16")]
+            lines.append(f"| {key[5:].split('_B')[0]} | {batch} | {new} | {tps:,} "
+                         f"(excl. capture {val['tok_per_s_excl_capture']:,}) | {cells[0]} | {cells[1]} |")
     for key, val in ro.items():
-        if key.startswith("hf_generate") and isinstance(val, dict):
+        if key.startswith(("plain_generate", "hf_generate")):
             lines.append(f"| {key} | {key.split('_B')[1]} | {val['new_tokens']} | {val['tok_per_s']:,} | | |")
     for key, val in ro.items():  # decode-only rate: the extra 256 tokens of the 768 run over the 512 run
         if key.startswith("fast_") and key.endswith("_N768") and key.replace("_N768", "_N512") in ro:
@@ -375,8 +392,11 @@ def run_report() -> None:
         if f"{backend}_steady_s_per_step" in st:
             s = st[f"{backend}_steady_s_per_step"]
             trl_s = trl.get("step_s", [None])[-1]
-            per_prompt = f"{trl_s * 4 / s:.1f}x (TRL {trl_s} s per 4 prompts x4, x4 for 16)" if trl_s else "n/a"
-            lines.append(f"| GRPO step ({backend} log-probs), 8 GiB cap | 64 seq | 768 | {s} s/step | TRL: {per_prompt} | |")
+            # TRL's step covers 4 prompts x 4 (ACC=4); the preset's 16 prompts take 4 such steps
+            per_prompt = f"{trl_s * 4 / s:.1f}x (TRL {trl_s} s per 4 prompts x 4, x4 for 16)" if trl_s else "n/a"
+            lines.append(f"| GRPO step ({backend} log-probs), 8 GiB cap | 64 seq | 768 | {s} s/step | "
+                         f"TRL: {per_prompt} | peak {st[f'{backend}_step1']['train_peak_GiB']} GiB train, "
+                         f"{st[f'{backend}_step1'].get('generate_peak_GiB')} GiB generate |")
     summary = {"rollout": ro, "step": st, "kernels": ke, "anchor": an, "trl": trl}
     (OUT / "gpu_bench.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     print("\n".join(lines))
