@@ -6,13 +6,15 @@ and memory do not depend on the values; nothing can be downloaded on the device 
     python bench/gpu_bench.py kernels   # fused Triton log-prob/entropy vs the PyTorch reference
     python bench/gpu_bench.py report    # one table from the JSONs (with gpu_anchor / trl_anchor ones)
 
-Each part writes ``$OUT/<part>.json`` (default bench/results/). QUICK=1 shrinks every shape (smoke test).
+Each part writes ``$OUT/gpu_<part>.json`` (default bench/results/); ``step`` runs the backends named in
+BACKENDS (default triton,torch; one process each gives clean memory figures). QUICK=1 shrinks every
+shape (a smoke test).
 Run from the repository root; the device command used is in bench/RESULTS.md.
 """
 from __future__ import annotations
 
+import gc
 import json
-import math
 import os
 import sys
 import time
@@ -39,7 +41,7 @@ def log(res: dict, key: str, value) -> None:
 
 def save(name: str, res: dict) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"{name}.json").write_text(json.dumps(res, indent=1, sort_keys=True))
+    (OUT / f"gpu_{name}.json").write_text(json.dumps(res, indent=1, sort_keys=True))
 
 
 def build_model_dir() -> Path:
@@ -223,9 +225,18 @@ def question(words: int, i: int) -> str:
 
 
 def run_step() -> None:
+    import grpo.train.loop as loop
     from grpo.prompts import PromptStyle
     from grpo.train.loop import TrainPaths, Trainer
     from grpo.train.step import grpo_step
+    from transformers import PreTrainedTokenizerFast
+
+    def word_tokenizer(path):  # AutoTokenizer would load a Qwen2 tokenizer for this folder: empty prompts
+        tok = PreTrainedTokenizerFast.from_pretrained(path)
+        tok.padding_side = "left"
+        return tok
+
+    loop.load_tokenizer = word_tokenizer
 
     model_dir = build_model_dir()  # before the cap: building the random model takes fp32 memory
     torch.cuda.empty_cache()
@@ -236,7 +247,7 @@ def run_step() -> None:
     style = PromptStyle("r1", system_prompt="")
     rows = [{"id": f"q{i}", "source": "bench", "question": question(120, i), "answer": "7",
              "answer_type": "integer", "meta": {}} for i in range(64)]
-    for backend in ("triton", "torch"):
+    for backend in os.environ.get("BACKENDS", "triton,torch").split(","):
         params = preset_params(backend)
         tmp = Path(f"/tmp/bench_train_{backend}")
         paths = TrainPaths(model_dir, tmp / "ckpt", tmp / "final", tmp / "metrics", tmp / "summary.json")
@@ -272,9 +283,10 @@ def run_step() -> None:
         log(res, f"{backend}_steady_s_per_step", steps[-1]["s"])
         log(res, f"{backend}_microbatch_4x896", microbatch_memory(trainer, loaded))
         trainer.engine.close()
-        del trainer
+        del trainer, generate, engine_generate
+        gc.collect()  # the engine <-> wrapper cycle would keep the first model alive into the next run
         torch.cuda.empty_cache()
-    save("step", res)
+    save(f"step_{os.environ.get('BACKENDS', 'triton,torch').replace(',', '_')}", res)
 
 
 def microbatch_memory(trainer, loaded: int) -> dict:
@@ -360,8 +372,9 @@ def run_report() -> None:
         path = OUT / name
         return json.loads(path.read_text()) if path.exists() else {}
 
-    ro, st, ke, an = load("rollout.json"), load("step.json"), load("kernels.json"), load("anchor.json")
-    trl = load("trl_cap8.json")
+    ro, ke, an = load("gpu_rollout.json"), load("gpu_kernels.json"), load("anchor.json")
+    st = {k: v for path in sorted(OUT.glob("gpu_step_*.json")) for k, v in json.loads(path.read_text()).items()}
+    trl = load("trl_cap8.json") or load("gpu_trl_cap8.json")  # trl_anchor.py's name, or as kept here
     lines = ["| path | batch | new tokens | tok/s | vs plain generate nf4 (this run; anchor) | "
              "vs plain generate bf16 (this run; anchor) |", "| --- | --- | --- | --- | --- | --- |"]
 
@@ -398,7 +411,7 @@ def run_report() -> None:
                          f"TRL: {per_prompt} | peak {st[f'{backend}_step1']['train_peak_GiB']} GiB train, "
                          f"{st[f'{backend}_step1'].get('generate_peak_GiB')} GiB generate |")
     summary = {"rollout": ro, "step": st, "kernels": ke, "anchor": an, "trl": trl}
-    (OUT / "gpu_bench.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    (OUT / "gpu_summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     print("\n".join(lines))
 
 

@@ -140,6 +140,10 @@ class StaticDecoder:
         self._quantised = {id(m) for m in _linear4bit_modules(model)}
         self.dtype = self._compute_dtype()
         use_compile = on_gpu if compile is None else compile
+        if use_compile:
+            # each new (batch, cache size) recompiles the layer halves once; past dynamo's default limit
+            # of 8 it would silently fall back to eager (seen in bench/gpu_bench.py's many shapes)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         self._part1 = torch.compile(_project_qkv) if use_compile else _project_qkv
         self._part2 = torch.compile(_attend_and_mlp) if use_compile else _attend_and_mlp
         self.weights: list[tuple[tuple, tuple]] = []
@@ -243,7 +247,8 @@ class StaticDecoder:
         The caller seeds the RNG; one host sync every ``sync_every`` tokens (stop once all rows ended)."""
         self.greedy, self.temperature, self.top_p, self.top_k = temperature == 0, temperature, top_p, top_k
         b, p = input_ids.shape
-        total = p + max_new_tokens
+        # cache size rounded up to the bucket: fewer distinct shapes, so fewer recompiles
+        total = -(-(p + max_new_tokens) // self.bucket) * self.bucket
         dev = self.device
         # zeros, not empty: masked slots get probability 0, and 0 * NaN garbage would still be NaN
         self.k_cache = [torch.zeros(b, self.n_kv, total, self.head_dim, dtype=self.dtype, device=dev)
@@ -285,7 +290,7 @@ class StaticDecoder:
         advances is saved first and restored after (the K/V it wrote at slot p is rewritten later)."""
         state = [t.clone() for t in (self.valid, self.out, self.finished, self.tokens, self.step,
                                      self.positions, self.slot)]
-        lengths = sorted({min(total, -(-(p + t) // self.bucket) * self.bucket) for t in range(1, total - p)})
+        lengths = sorted({min(total, -(-(p + t) // self.bucket) * self.bucket) for t in range(1, self.out.shape[1])})
         graphs: dict[int, torch.cuda.CUDAGraph] = {}
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream()
