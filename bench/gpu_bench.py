@@ -215,7 +215,8 @@ def preset_params(logprob_backend: str):
 
     return TrainParams(quantization="nf4", compute_dtype="bfloat16", device="cuda", lora=LoraParams(r=16, alpha=32),
                        prompts_per_step=4 if QUICK else 16, group_size=4,
-                       max_response_length=64 if QUICK else 768, generation_batch_size=64, train_batch_size=4,
+                       max_response_length=64 if QUICK else 768, generation_batch_size=64,
+                       train_batch_size=int(os.environ.get("TRAIN_MB", "4")),
                        rewards={"correctness": 2.0, "integer_answer": 0.5, "tag_count": 1.0},
                        logprob_backend=logprob_backend, max_steps=10, seed=0)
 
@@ -286,7 +287,8 @@ def run_step() -> None:
         del trainer, generate, engine_generate
         gc.collect()  # the engine <-> wrapper cycle would keep the first model alive into the next run
         torch.cuda.empty_cache()
-    save(f"step_{os.environ.get('BACKENDS', 'triton,torch').replace(',', '_')}", res)
+    mb = os.environ.get("TRAIN_MB", "4")
+    save(f"step_{os.environ.get('BACKENDS', 'triton,torch').replace(',', '_')}" + ("" if mb == "4" else f"_mb{mb}"), res)
 
 
 def microbatch_memory(trainer, loaded: int) -> dict:

@@ -35,13 +35,16 @@ class NativeEngine:
 
     ``batch_size`` is a plain attribute: the trainer resizes it between calls after an out-of-memory."""
 
-    def __init__(self, model, tokenizer, *, batch_size: int, backend: str = "auto", merge_lora: bool = True) -> None:
+    def __init__(self, model, tokenizer, *, batch_size: int, backend: str = "auto", merge_lora: bool = True,
+                 release_dense: bool = True) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.model = model
-        self.backend, self.merge_lora = backend, merge_lora
+        # release_dense: the static decoder frees its dense weight copies after each generate() call,
+        # so training does not carry them (measured in bench/RESULTS.md, GPU section)
+        self.backend, self.merge_lora, self.release_dense = backend, merge_lora, release_dense
         self._decoder: StaticDecoder | None = None
         self.tokenizer = tokenizer
         self.batch_size = batch_size
@@ -78,6 +81,10 @@ class NativeEngine:
                  progress: bool = False) -> list[list[Completion]]:
         self._use_adapter(adapter_dir)
         prompt_ids = encode_prompts(self.tokenizer, prompts)
+        empty = [i for i, ids in enumerate(prompt_ids) if not ids]
+        if empty:
+            raise ValueError(f"prompt {empty[0]} ({prompts[empty[0]][:60]!r}) encodes to no tokens with "
+                             f"{type(self.tokenizer).__name__}: wrong tokenizer for this model folder?")
         # n copies of each prompt, adjacent, so a prompt's group usually shares a batch (and its padding).
         rows = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
         groups: list[list[Completion]] = [[] for _ in prompts]
@@ -96,6 +103,8 @@ class NativeEngine:
                         groups[i].append(make_completion(self.tokenizer, ids, out, self.stop_ids))
         finally:
             self.model.train(was_training)
+            if decoder is not None and self.release_dense:
+                decoder.release()
         return groups
 
     def close(self) -> None:

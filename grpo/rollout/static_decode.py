@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from grpo.model.dequant import _dense_weight, _linear4bit_modules
+from grpo.model.dequant import _dense_weight, _linear4bit_modules, drop_dense_copies
 from grpo.model.lora import LoRALinear
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral", "qwen3")
@@ -186,6 +186,12 @@ class StaticDecoder:
             weights.append((part1, part2))
         self.weights = weights
 
+    def release(self) -> None:
+        """Free the dense and merged weight copies until the next ``refresh`` (re-de-quantising a
+        4-bit base costs milliseconds; keeping the copy costs its memory during training)."""
+        self.weights = []
+        drop_dense_copies(self.model)
+
     # --- the forward pass ------------------------------------------------------------------
     def _forward(self, ids: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, length: int,
                  eager: bool = False) -> Tensor:
@@ -246,6 +252,8 @@ class StaticDecoder:
         """Left-padded prompts [B, P] -> new ids [B, max_new_tokens] (``pad_id`` after a row's stop id).
         The caller seeds the RNG; one host sync every ``sync_every`` tokens (stop once all rows ended)."""
         self.greedy, self.temperature, self.top_p, self.top_k = temperature == 0, temperature, top_p, top_k
+        if not self.weights:  # released since the last call
+            self.refresh()
         b, p = input_ids.shape
         # cache size rounded up to the bucket: fewer distinct shapes, so fewer recompiles
         total = -(-(p + max_new_tokens) // self.bucket) * self.bucket

@@ -81,13 +81,25 @@ def test_stop_tokens_padding_and_finish_reasons(tiny_model_dir, tokenizer, promp
     assert fast[0][0].finish_reason == "stop" and fast[0][0].token_ids[-1] == end_id
 
 
-def test_nf4_base_uses_the_dense_copy(tiny_model_dir, tokenizer, prompts):
+def test_nf4_base_uses_the_dense_copy_and_frees_it(tiny_model_dir, tokenizer, prompts):
     model = load_policy_model(tiny_model_dir, quantization="nf4", compute_dtype="float32", device="cpu",
                               gradient_checkpointing=False)
     model = _with_lora(model)
     params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
     hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
-    assert _ids(NativeEngine(model, tokenizer, batch_size=3, backend="static"), prompts, params) == hf
+    fast = NativeEngine(model, tokenizer, batch_size=3, backend="static")
+    assert _ids(fast, prompts, params) == hf
+    # released after the call (training does not carry the copy), rebuilt by the next call
+    assert not any(hasattr(m, "_dense_weight") for m in model.modules()) and fast._decoder.weights == []
+    assert _ids(fast, prompts, params) == hf
+    kept = NativeEngine(model, tokenizer, batch_size=3, backend="static", release_dense=False)
+    assert _ids(kept, prompts, params) == hf and kept._decoder.weights
+
+
+def test_empty_prompt_is_a_clear_error(tiny_model_dir, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with pytest.raises(ValueError, match="prompt 1 .* encodes to no tokens"):
+        NativeEngine(model, tokenizer, batch_size=2).generate(["2 + 2?", ""], SamplingParams(max_new_tokens=2))
 
 
 def test_sampling_is_seeded_and_respects_top_k(tiny_model_dir, tokenizer, prompts):
