@@ -375,7 +375,7 @@ def run_report() -> None:
         return json.loads(path.read_text()) if path.exists() else {}
 
     ro, ke, an = load("gpu_rollout.json"), load("gpu_kernels.json"), load("anchor.json")
-    st = {k: v for path in sorted(OUT.glob("gpu_step_*.json")) for k, v in json.loads(path.read_text()).items()}
+    steps = {path.stem[len("gpu_step_"):]: json.loads(path.read_text()) for path in sorted(OUT.glob("gpu_step_*.json"))}
     trl = load("trl_cap8.json") or load("gpu_trl_cap8.json")  # trl_anchor.py's name, or as kept here
     lines = ["| path | batch | new tokens | tok/s | vs plain generate nf4 (this run; anchor) | "
              "vs plain generate bf16 (this run; anchor) |", "| --- | --- | --- | --- | --- | --- |"]
@@ -403,16 +403,17 @@ def run_report() -> None:
             batch = int(key.split("_B")[1].split("_")[0])
             lines.append(f"| {key[5:].split('_B')[0]} decode only (tokens 512-768) | {batch} | 256 | "
                          f"{round(batch * 256 / extra):,} | | |")
-    for backend in ("triton", "torch"):
-        if f"{backend}_steady_s_per_step" in st:
-            s = st[f"{backend}_steady_s_per_step"]
-            trl_s = trl.get("step_s", [None])[-1]
+    trl_s = trl.get("step_s", [None])[-1]
+    for label, st in steps.items():  # one file per step run (backend, micro-batch, dense copy kept or not)
+        for backend in ("triton", "torch"):
+            if f"{backend}_steady_s_per_step" not in st:
+                continue
+            s, last = st[f"{backend}_steady_s_per_step"], st[f"{backend}_step1"]
             # TRL's step covers 4 prompts x 4 (ACC=4); the preset's 16 prompts take 4 such steps
             per_prompt = f"{trl_s * 4 / s:.1f}x (TRL {trl_s} s per 4 prompts x 4, x4 for 16)" if trl_s else "n/a"
-            lines.append(f"| GRPO step ({backend} log-probs), 8 GiB cap | 64 seq | 768 | {s} s/step | "
-                         f"TRL: {per_prompt} | peak {st[f'{backend}_step1']['train_peak_GiB']} GiB train, "
-                         f"{st[f'{backend}_step1'].get('generate_peak_GiB')} GiB generate |")
-    summary = {"rollout": ro, "step": st, "kernels": ke, "anchor": an, "trl": trl}
+            lines.append(f"| GRPO step [{label}], 8 GiB cap | 64 seq | 768 | {s} s/step | TRL: {per_prompt} | "
+                         f"peak {last['train_peak_GiB']} GiB train, {last.get('generate_peak_GiB')} GiB generate |")
+    summary = {"rollout": ro, "step": steps, "kernels": ke, "anchor": an, "trl": trl}
     (OUT / "gpu_summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     print("\n".join(lines))
 
