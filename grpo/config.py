@@ -177,6 +177,10 @@ class TrainParams:
     generation_batch_size: int = _check(positive, default=16)  # sequences per generate() call
     # decode from a dense copy of the frozen 4-bit base (grpo/model/dequant.py): faster, one more copy
     dense_generation: bool = True
+    # native decoding: static KV cache + CUDA graphs (grpo/rollout/static_decode.py) or HF generate;
+    # auto = static on CUDA, generate elsewhere. merge_lora folds LoRA into a dense copy of its layers.
+    generation_backend: str = _check(one_of("auto", "hf", "static"), default="auto")
+    generation_merge_lora: bool = True
     train_batch_size: int = _check(positive, default=8)  # sequences per training micro-batch
     rewards: dict[str, float] = _check(subset_of(REWARDS), default_factory=lambda: {"correctness": 2.0})
     advantage_scale: str = _check(one_of("group", "batch", "none"), default="group")
@@ -191,6 +195,9 @@ class TrainParams:
     entropy_keep_fraction: float = _check(half_open_unit, default=1.0)
     entropy_min_per_sequence: int = _check(non_negative, default=1)
     logprob_chunk_size: int = _check(positive, default=1024)
+    # per-token log-prob/entropy: fused Triton kernel (grpo/kernels) or chunked PyTorch; auto = the kernel
+    # where it runs (CUDA, triton, frozen bf16/fp16 lm_head)
+    logprob_backend: str = _check(one_of("auto", "torch", "triton"), default="auto")
     gradient_checkpointing: bool = True
     save_every: int = _check(positive, default=5)
     keep_last: int = _check(positive, default=2)

@@ -53,3 +53,14 @@ def dense_base(model: torch.nn.Module, enabled: bool = True) -> Iterator[int]:
     finally:
         for m in modules:
             del m.forward
+
+
+def drop_dense_copies(model: torch.nn.Module) -> int:
+    """Free the cached dense copies (they are rebuilt on next use); returns how many were dropped.
+    Lets a training step give the copy's memory (~2.9 GiB at 1.5B) back between rollouts."""
+    dropped = 0
+    for m in _linear4bit_modules(model):
+        if getattr(m, "_dense_weight", None) is not None:
+            del m._dense_weight
+            dropped += 1
+    return dropped

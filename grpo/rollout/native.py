@@ -7,6 +7,10 @@ from the current weights with no export or reload. SENT and evaluation can use i
 Batches are left-padded; transformers 5.17 derives position ids from the attention mask
 (``cumsum - 1``), the same positions grpo.train.batch gives the scoring pass (tested in
 tests/rollout/test_native_engine.py).
+
+``backend="static"`` decodes with grpo.rollout.static_decode (static KV cache, CUDA graphs on a GPU)
+instead of ``generate``: same interface, same greedy tokens, many times faster on a GPU. ``auto``
+takes it on CUDA for the model types it supports and keeps ``generate`` elsewhere.
 """
 from __future__ import annotations
 
@@ -19,6 +23,9 @@ from tqdm import tqdm
 
 from grpo.model.loading import disable_cpu_weight_repacking, load_policy_model, load_tokenizer
 from grpo.rollout.base import Completion, SamplingParams, encode_prompts, make_completion, stop_token_ids
+from grpo.rollout.static_decode import StaticDecoder, supports
+
+BACKENDS = ("auto", "hf", "static")
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +35,17 @@ class NativeEngine:
 
     ``batch_size`` is a plain attribute: the trainer resizes it between calls after an out-of-memory."""
 
-    def __init__(self, model, tokenizer, *, batch_size: int) -> None:
+    def __init__(self, model, tokenizer, *, batch_size: int, backend: str = "auto", merge_lora: bool = True,
+                 release_dense: bool = True) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.model = model
+        # release_dense: the static decoder frees its dense weight copies after each generate() call,
+        # so training does not carry them (measured in bench/RESULTS.md, GPU section)
+        self.backend, self.merge_lora, self.release_dense = backend, merge_lora, release_dense
+        self._decoder: StaticDecoder | None = None
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
@@ -67,38 +81,63 @@ class NativeEngine:
                  progress: bool = False) -> list[list[Completion]]:
         self._use_adapter(adapter_dir)
         prompt_ids = encode_prompts(self.tokenizer, prompts)
+        empty = [i for i, ids in enumerate(prompt_ids) if not ids]
+        if empty:
+            raise ValueError(f"prompt {empty[0]} ({prompts[empty[0]][:60]!r}) encodes to no tokens with "
+                             f"{type(self.tokenizer).__name__}: wrong tokenizer for this model folder?")
         # n copies of each prompt, adjacent, so a prompt's group usually shares a batch (and its padding).
         rows = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
         groups: list[list[Completion]] = [[] for _ in prompts]
         starts = range(0, len(rows), self.batch_size)
         was_training = self.model.training
         self.model.eval()  # no dropout (LoRA's included) while sampling
+        decoder = self._static_decoder()
         try:
             with torch.no_grad():
                 for batch_index, start in enumerate(tqdm(starts, desc="generate", unit="batch", disable=not progress)):
                     chunk = rows[start:start + self.batch_size]
                     # One seed per batch: the same call gives the same samples, whatever ran before it.
                     torch.manual_seed(params.seed + batch_index)
-                    sampled = self._generate_batch([ids for _, ids in chunk], params)
+                    sampled = self._generate_batch([ids for _, ids in chunk], params, decoder)
                     for (i, ids), out in zip(chunk, sampled):
                         groups[i].append(make_completion(self.tokenizer, ids, out, self.stop_ids))
         finally:
             self.model.train(was_training)
+            if decoder is not None and self.release_dense:
+                decoder.release()
         return groups
 
     def close(self) -> None:
-        self.model = None
+        self.model = self._decoder = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
-    def _generate_batch(self, prompt_ids: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    def _static_decoder(self) -> StaticDecoder | None:
+        """The static decoder when the backend asks for it, its LoRA weights re-read for this call."""
+        use = self.backend == "static" or (
+            self.backend == "auto" and self.model.device.type == "cuda" and supports(self.model) is None)
+        if not use:
+            return None
+        if self._decoder is None or self._decoder.model is not self.model:
+            self._decoder = StaticDecoder(self.model, merge_lora=self.merge_lora)
+        else:
+            self._decoder.refresh()  # the policy's LoRA weights changed since the last call
+        return self._decoder
+
+    def _generate_batch(self, prompt_ids: list[list[int]], params: SamplingParams,
+                        decoder: StaticDecoder | None = None) -> list[list[int]]:
         """Left-pad, generate, and return each row's new ids (pads after an early EOS still attached)."""
         width = max(len(ids) for ids in prompt_ids)
         device = self.model.device
         input_ids = torch.tensor([[self.pad_id] * (width - len(ids)) + ids for ids in prompt_ids], device=device)
         attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids],
                                       device=device)
+        if decoder is not None:
+            out = decoder.generate(input_ids, attention_mask, max_new_tokens=params.max_new_tokens,
+                                   stop_ids=self.stop_ids, pad_id=self.pad_id, temperature=params.temperature,
+                                   top_p=params.top_p, top_k=params.top_k)
+            return out.tolist()  # the one host sync per batch (plus one per sync_every tokens)
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,

@@ -117,7 +117,8 @@ class Trainer:
             "score": AdaptiveBatchSize("score", params.train_batch_size),
             "train": AdaptiveBatchSize("train", params.train_batch_size),
         }
-        self.engine = NativeEngine(self.model, self.tokenizer, batch_size=params.generation_batch_size)
+        self.engine = NativeEngine(self.model, self.tokenizer, batch_size=params.generation_batch_size,
+                                   backend=params.generation_backend, merge_lora=params.generation_merge_lora)
         self.ctx = StepContext(self.model, self.tokenizer, self.engine, self.optimizer, self.scheduler, params,
                                style, self.lora_params, self.sizes, FaultHook(), self.device)
         self.history: list[dict] = []

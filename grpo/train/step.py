@@ -18,6 +18,7 @@ from grpo.algo.entropy_mask import entropy_threshold, keep_mask_from_threshold
 from grpo.algo.logprobs import chunked_token_logprobs_and_entropy
 from grpo.algo.loss import grpo_loss, loss_normaliser
 from grpo.config import TrainParams
+from grpo.kernels.logprob_entropy import fused_supported, fused_token_logprobs_and_entropy
 from grpo.model.dequant import dense_base
 from grpo.model.lora import lora_disabled
 from grpo.prompts import PromptStyle, build_prompt, full_response
@@ -82,6 +83,11 @@ def token_logprobs(ctx: StepContext, batch: TrainBatch, *, entropy: bool) -> tup
     """Log-probs (and entropies) of the sampled response tokens, in chunks from the final hidden states."""
     hidden = response_hidden_states(ctx.model, batch)
     head = ctx.model.get_output_embeddings()
+    backend = ctx.params.logprob_backend
+    if backend == "triton" or (backend == "auto" and fused_supported(hidden, head.weight)):
+        return fused_token_logprobs_and_entropy(
+            hidden, head.weight, batch.response_ids, chunk_size=ctx.params.logprob_chunk_size,
+            temperature=ctx.params.temperature, lm_head_bias=getattr(head, "bias", None))
     return chunked_token_logprobs_and_entropy(
         hidden, head.weight, batch.response_ids, chunk_size=ctx.params.logprob_chunk_size,
         temperature=ctx.params.temperature, compute_entropy=entropy,

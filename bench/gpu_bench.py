@@ -1,0 +1,425 @@
+"""GPU benchmark at the DeepSeek-R1-Distill-Qwen-1.5B shape (random weights built from the config: speed
+and memory do not depend on the values; nothing can be downloaded on the device machine).
+
+    python bench/gpu_bench.py rollout   # fast native rollouts vs generate, tok/s, greedy agreement
+    python bench/gpu_bench.py step      # OUR full GRPO step at the 8 GB preset under an 8 GiB cap
+    python bench/gpu_bench.py kernels   # fused Triton log-prob/entropy vs the PyTorch reference
+    python bench/gpu_bench.py report    # one table from the JSONs (with gpu_anchor / trl_anchor ones)
+
+Each part writes ``$OUT/gpu_<part>.json`` (default bench/results/); ``step`` runs the backends named in
+BACKENDS (default triton,torch; one process each gives clean memory figures). QUICK=1 shrinks every
+shape (a smoke test).
+Run from the repository root; the device command used is in bench/RESULTS.md.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+OUT = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
+QUICK = os.environ.get("QUICK") == "1"
+MODEL_DIR = Path("/tmp/r1shape_bench")
+V = 151936
+PROMPT = 128
+LENGTHS = (32,) if QUICK else (512, 768)
+BATCHES = (16, 64)
+GIB = 2**30
+
+
+def log(res: dict, key: str, value) -> None:
+    res[key] = value
+    print(f"{key}: {value}", flush=True)
+
+
+def save(name: str, res: dict) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / f"gpu_{name}.json").write_text(json.dumps(res, indent=1, sort_keys=True))
+
+
+def build_model_dir() -> Path:
+    """Random bf16 weights at the R1-Distill-Qwen-1.5B config, and a 151,936-word tokenizer (so random
+    ids decode) with a plain chat template, saved as an HF folder that the project's loader reads."""
+    if (MODEL_DIR / "config.json").exists():
+        return MODEL_DIR
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    vocab = {f"t{i}": i for i in range(V - 3)}
+    vocab.update({"<unk>": V - 3, "<|endoftext|>": V - 2, "<|im_end|>": V - 1})
+    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tk.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>")
+    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
+    cfg = Qwen2Config(vocab_size=V, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                      num_attention_heads=12, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
+                      rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False,
+                      eos_token_id=V - 1, pad_token_id=V - 2, bos_token_id=None)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    model.generation_config.eos_token_id = V - 1
+    model.save_pretrained(MODEL_DIR)
+    tok.save_pretrained(MODEL_DIR)
+    del model
+    torch.cuda.empty_cache()
+    return MODEL_DIR
+
+
+def load_base(quantization: str):
+    from grpo.model.loading import load_policy_model
+
+    return load_policy_model(build_model_dir(), quantization=quantization, compute_dtype="bfloat16",
+                             device="cuda", gradient_checkpointing=False).eval()
+
+
+def add_lora(model, seed: int = 0):
+    """The training policy: the frozen base plus LoRA r16 on q/k/v/o with non-zero B."""
+    from grpo.model.lora import inject_lora, lora_modules
+
+    inject_lora(model, targets=["q_proj", "k_proj", "v_proj", "o_proj"], r=16, alpha=32, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    for m in lora_modules(model).values():
+        with torch.no_grad():  # a trained-looking adapter, so merged vs unmerged is a real difference
+            m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=gen) * 0.01)
+    return model.eval()
+
+
+def timed(fn):
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    out = fn()
+    torch.cuda.synchronize()
+    return out, time.perf_counter() - t
+
+
+# --- rollouts --------------------------------------------------------------------------------
+def fast_rollout(decoder, batch: int, new: int, seed: int = 0) -> dict:
+    """Forced ``new`` tokens (no stop ids) from random 128-token prompts; capture time reported apart."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(100, 150000, (batch, PROMPT), generator=gen).cuda()
+    mask = torch.ones_like(ids)
+    capture = []
+    graphs = decoder._graphs
+
+    def timed_graphs(p, total):
+        result, seconds = timed(lambda: graphs(p, total))
+        capture.append(seconds)
+        return result
+
+    decoder._graphs = timed_graphs
+    torch.manual_seed(seed)
+    torch.cuda.reset_peak_memory_stats()
+    try:
+        out, seconds = timed(lambda: decoder.generate(ids, mask, max_new_tokens=new, stop_ids=[], pad_id=V - 2,
+                                                      temperature=1.0))
+    finally:
+        del decoder._graphs
+    assert out.shape == (batch, new)
+    return {"tok_per_s": round(batch * new / seconds), "s": round(seconds, 3), "capture_s": round(sum(capture), 3),
+            "tok_per_s_excl_capture": round(batch * new / (seconds - sum(capture))),
+            "peak_GiB": round(torch.cuda.max_memory_allocated() / GIB, 2)}
+
+
+def hf_rollout(model, batch: int, new: int, dense: bool) -> dict:
+    """Plain ``model.generate`` (random prompts, forced ``new`` tokens, sampling) as gpu_anchor.py runs
+    it; with ``dense``, on the dense copy of a 4-bit base (our engine before this issue)."""
+    from grpo.model.dequant import dense_base
+
+    ids = torch.randint(100, 150000, (batch, PROMPT)).cuda()
+    with dense_base(model, dense), torch.no_grad():
+        run = lambda n: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                       min_new_tokens=n, do_sample=True, temperature=1.0, top_p=1.0, top_k=None,
+                                       pad_token_id=V - 2, eos_token_id=None)
+        run(4)
+        out, seconds = timed(lambda: run(new))
+    return {"tok_per_s": round((out.shape[1] - PROMPT) * batch / seconds), "s": round(seconds, 2), "new_tokens": new}
+
+
+def greedy_agreement(model, decoder, n_new: int = 64, batch: int = 8) -> dict:
+    """Fast path vs HF generate (4-bit kernels, LoRA unmerged: the plain path) on fixed prompts, greedy.
+    Random weights give near-flat logits, so bf16 rounding can flip near-ties: where a row diverges,
+    the reference log-prob gap between the two tokens shows whether it was a tie (bf16 noise) or a bug."""
+    gen = torch.Generator().manual_seed(123)
+    ids = torch.randint(100, 150000, (batch, PROMPT), generator=gen).cuda()
+    ids[: batch // 2, : PROMPT // 4] = V - 2  # half the rows left-padded
+    mask = (ids != V - 2).long()
+    with torch.no_grad():
+        ref = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=n_new, min_new_tokens=n_new,
+                             do_sample=False, temperature=1.0, top_p=1.0, top_k=None, pad_token_id=V - 2,
+                             eos_token_id=None)[:, PROMPT:]
+        fast = decoder.generate(ids, mask, max_new_tokens=n_new, stop_ids=[], pad_id=V - 2, temperature=0)
+        prefix, gaps = [], []
+        for row in range(batch):
+            diff = (ref[row] != fast[row]).nonzero()
+            k = int(diff[0]) if len(diff) else n_new
+            prefix.append(k)
+            if k < n_new:  # reference log-probs of both candidates after the shared prefix
+                seq = torch.cat([ids[row], ref[row, :k]])[None]
+                m = torch.cat([mask[row], torch.ones(k, dtype=mask.dtype, device=mask.device)])[None]
+                pos = (m.cumsum(-1) - 1).clamp(min=0)  # generate's positions for left-padded rows
+                lp = model(input_ids=seq, attention_mask=m, position_ids=pos).logits[0, -1].float().log_softmax(-1)
+                gaps.append(float(lp[ref[row, k]] - lp[fast[row, k]]))
+    return {"rows": batch, "new_tokens": n_new, "identical_rows": sum(k == n_new for k in prefix),
+            "matching_prefix": prefix, "logprob_gap_at_divergence": [round(g, 4) for g in gaps]}
+
+
+def run_rollout() -> None:
+    from grpo.rollout.static_decode import StaticDecoder
+
+    res: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "quick": QUICK}
+    import transformers
+    log(res, "transformers", transformers.__version__)
+    plain_new = 32 if QUICK else 64  # plain generate is slow (~0.1-0.2 s a step): fewer tokens
+    policy = load_base("nf4")
+    for batch in BATCHES:
+        log(res, f"plain_generate_nf4_B{batch}", hf_rollout(policy, batch, plain_new, False))
+    policy = add_lora(policy)
+    log(res, "nf4_policy_GiB", round(torch.cuda.memory_allocated() / GIB, 2))
+    for merge in (True, False):
+        decoder = StaticDecoder(policy, merge_lora=merge)
+        name = "merged" if merge else "unmerged"
+        log(res, f"nf4_lora_{name}_resident_GiB", round(torch.cuda.memory_allocated() / GIB, 2))
+        fast_rollout(decoder, 16, 16)  # warm-up: cuBLAS handles, allocator
+        for new in LENGTHS:
+            for batch in BATCHES:
+                log(res, f"fast_nf4_lora_{name}_B{batch}_N{new}", fast_rollout(decoder, batch, new))
+        log(res, f"greedy_vs_generate_{name}", greedy_agreement(policy, decoder))
+        del decoder
+    for batch in BATCHES:  # the engine before this issue: generate on the dense copy
+        log(res, f"hf_generate_nf4_lora_dense_B{batch}", hf_rollout(policy, batch, plain_new, True))
+    del policy
+    torch.cuda.empty_cache()
+    policy = load_base("none")
+    for batch in BATCHES:
+        log(res, f"plain_generate_bf16_B{batch}", hf_rollout(policy, batch, plain_new, False))
+    policy = add_lora(policy)
+    decoder = StaticDecoder(policy, merge_lora=True)
+    fast_rollout(decoder, 16, 16)
+    for batch in BATCHES:
+        log(res, f"fast_bf16_lora_merged_B{batch}_N{LENGTHS[0]}", fast_rollout(decoder, batch, LENGTHS[0]))
+    save("rollout", res)
+
+
+# --- the GRPO step under 8 GiB ---------------------------------------------------------------
+def preset_params(logprob_backend: str):
+    from grpo.config import LoraParams, TrainParams
+
+    return TrainParams(quantization="nf4", compute_dtype="bfloat16", device="cuda", lora=LoraParams(r=16, alpha=32),
+                       prompts_per_step=4 if QUICK else 16, group_size=4,
+                       max_response_length=64 if QUICK else 768, generation_batch_size=64,
+                       train_batch_size=int(os.environ.get("TRAIN_MB", "4")),
+                       rewards={"correctness": 2.0, "integer_answer": 0.5, "tag_count": 1.0},
+                       logprob_backend=logprob_backend, max_steps=10, seed=0)
+
+
+def question(words: int, i: int) -> str:
+    return " ".join(f"t{(i * 7919 + j * 104729) % 150000}" for j in range(words))
+
+
+def run_step() -> None:
+    import grpo.train.loop as loop
+    from grpo.prompts import PromptStyle
+    from grpo.train.loop import TrainPaths, Trainer
+    from grpo.train.step import grpo_step
+    from transformers import PreTrainedTokenizerFast
+
+    def word_tokenizer(path):  # AutoTokenizer would load a Qwen2 tokenizer for this folder: empty prompts
+        tok = PreTrainedTokenizerFast.from_pretrained(path)
+        tok.padding_side = "left"
+        return tok
+
+    loop.load_tokenizer = word_tokenizer
+
+    model_dir = build_model_dir()  # before the cap: building the random model takes fp32 memory
+    torch.cuda.empty_cache()
+    cap = float(os.environ.get("CAP_GIB", "8"))
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(cap * GIB / total)
+    res: dict = {"cap_GiB": cap, "quick": QUICK}
+    style = PromptStyle("r1", system_prompt="")
+    rows = [{"id": f"q{i}", "source": "bench", "question": question(120, i), "answer": "7",
+             "answer_type": "integer", "meta": {}} for i in range(64)]
+    for backend in os.environ.get("BACKENDS", "triton,torch").split(","):
+        params = preset_params(backend)
+        tmp = Path(f"/tmp/bench_train_{backend}")
+        paths = TrainPaths(model_dir, tmp / "ckpt", tmp / "final", tmp / "metrics", tmp / "summary.json")
+        torch.cuda.reset_peak_memory_stats()
+        trainer = Trainer(params, style, paths, rows, [], None, "bench")
+        loaded = torch.cuda.memory_allocated()
+        log(res, f"{backend}_loaded_GiB", round(loaded / GIB, 2))
+        phases: dict = {}
+        engine_generate = trainer.engine.generate
+
+        def generate(*args, **kwargs):
+            torch.cuda.reset_peak_memory_stats()
+            out = engine_generate(*args, **kwargs)
+            phases["generate_peak_GiB"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
+            torch.cuda.reset_peak_memory_stats()
+            return out
+
+        trainer.engine.generate = generate
+        steps = []
+        for step in range(2):  # step 0 also compiles the decode step (and Triton kernels): not steady
+            batch_rows = rows[step * params.prompts_per_step:(step + 1) * params.prompts_per_step]
+            (metrics, ro, _), seconds = timed(lambda: grpo_step(trainer.ctx, batch_rows, step))
+            entry = {"s": round(seconds, 2), "generate_s": round(metrics["time_generate_s"], 2),
+                     "train_s": round(metrics.get("time_train_s", 0.0), 2),
+                     "train_peak_GiB": round(torch.cuda.max_memory_allocated() / GIB, 2), **phases,
+                     "rollout_tok_per_s": round(metrics["rollout_tokens_per_s"]),
+                     "response_tokens": sum(len(c.token_ids) for c in ro.completions),
+                     "prompt_tokens": len(ro.completions[0].prompt_ids),
+                     "oom_events": {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("oom_events/")},
+                     "micro_batch": {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("micro_batch/")}}
+            log(res, f"{backend}_step{step}", entry)
+            steps.append(entry)
+        log(res, f"{backend}_steady_s_per_step", steps[-1]["s"])
+        log(res, f"{backend}_microbatch_4x896", microbatch_memory(trainer, loaded))
+        trainer.engine.close()
+        del trainer, generate, engine_generate
+        gc.collect()  # the engine <-> wrapper cycle would keep the first model alive into the next run
+        torch.cuda.empty_cache()
+    mb = os.environ.get("TRAIN_MB", "4")
+    save(f"step_{os.environ.get('BACKENDS', 'triton,torch').replace(',', '_')}" + ("" if mb == "4" else f"_mb{mb}"), res)
+
+
+def microbatch_memory(trainer, loaded: int) -> dict:
+    """One training micro-batch of 4 × (128 + 768) tokens, forward + backward through the step's own
+    log-prob path: peak above the memory held before it (the loaded model and what generation keeps)."""
+    from grpo.algo.loss import grpo_loss
+    from grpo.rollout.base import Completion
+    from grpo.train.batch import build_batch
+    from grpo.train.step import token_logprobs
+
+    ctx = trainer.ctx
+    resp = 64 if QUICK else 768
+    comps = [Completion(list(range(1000 + i, 1000 + i + PROMPT)), list(range(5000 + i, 5000 + i + resp)), "", "length")
+             for i in range(4)]
+    batch = build_batch(comps, V - 2).to(ctx.device)
+    trainer.model.train()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+
+    def step():
+        lp, ent = token_logprobs(ctx, batch, entropy=True)
+        out = grpo_loss(lp, None, torch.randn(4, device=ctx.device), batch.response_mask, loss_type="dapo",
+                        epsilon_low=0.2, epsilon_high=0.28, delta=None, beta=0.0, ref_logprobs=None,
+                        max_completion_length=resp, num_items_in_batch=float(batch.response_mask.sum()),
+                        entropy_keep_mask=None)
+        out.loss.backward()
+
+    _, seconds = timed(step)
+    peak = torch.cuda.max_memory_allocated()
+    ctx.optimizer.zero_grad(set_to_none=True)
+    return {"peak_above_held_GiB": round((peak - before) / GIB, 2), "held_GiB": round(before / GIB, 2),
+            "loaded_model_GiB": round(loaded / GIB, 2), "peak_above_loaded_GiB": round((peak - loaded) / GIB, 2),
+            "s": round(seconds, 3)}
+
+
+# --- kernels ----------------------------------------------------------------------------------
+def run_kernels() -> None:
+    from grpo.algo.logprobs import chunked_token_logprobs_and_entropy, naive_token_logprobs_and_entropy
+    from grpo.kernels.logprob_entropy import fused_token_logprobs_and_entropy
+
+    res: dict = {"quick": QUICK}
+    b, t, h = 4, 128 if QUICK else 768, 1536
+    torch.manual_seed(0)
+    weight = torch.randn(V, h, device="cuda", dtype=torch.bfloat16) * 0.02
+    hidden0 = torch.randn(b, t, h, device="cuda", dtype=torch.bfloat16)
+    targets = torch.randint(0, V, (b, t), device="cuda")
+    mask = (torch.rand(b, t, device="cuda") > 0.2).float()
+    adv = torch.randn(b, 1, device="cuda")
+    variants = {
+        "naive_fp32_logits": lambda x: naive_token_logprobs_and_entropy(x, weight, targets),
+        "torch_chunked_1024": lambda x: chunked_token_logprobs_and_entropy(x, weight, targets, chunk_size=1024),
+        "triton_fused_1024": lambda x: fused_token_logprobs_and_entropy(x, weight, targets, chunk_size=1024),
+        "triton_fused_4096": lambda x: fused_token_logprobs_and_entropy(x, weight, targets, chunk_size=4096),
+    }
+    outputs = {}
+    for name, fn in variants.items():
+        def run():
+            x = hidden0.clone().requires_grad_(True)
+            lp, ent = fn(x)
+            ((lp * adv - 0.01 * ent) * mask).sum().backward()
+            return lp.detach(), ent.detach(), x.grad
+
+        run()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        outputs[name], _ = timed(run)
+        peak = torch.cuda.max_memory_allocated() - before
+        times = [timed(run)[1] for _ in range(5)]
+        log(res, name, {"ms_fwd_bwd": round(sorted(times)[2] * 1000, 2), "peak_extra_GiB": round(peak / GIB, 3)})
+    ref = outputs["naive_fp32_logits"]
+    for name, (lp, ent, grad) in outputs.items():
+        log(res, f"{name}_vs_naive", {
+            "logprob_max_abs": float((lp - ref[0]).abs().max()), "entropy_max_abs": float((ent - ref[1]).abs().max()),
+            "grad_rel": float((grad.float() - ref[2].float()).norm() / ref[2].float().norm())})
+    save("kernels", res)
+
+
+# --- report -----------------------------------------------------------------------------------
+def run_report() -> None:
+    def load(name):
+        path = OUT / name
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    ro, ke, an = load("gpu_rollout.json"), load("gpu_kernels.json"), load("anchor.json")
+    steps = {path.stem[len("gpu_step_"):]: json.loads(path.read_text()) for path in sorted(OUT.glob("gpu_step_*.json"))}
+    trl = load("trl_cap8.json") or load("gpu_trl_cap8.json")  # trl_anchor.py's name, or as kept here
+    lines = ["| path | batch | new tokens | tok/s | vs plain generate nf4 (this run; anchor) | "
+             "vs plain generate bf16 (this run; anchor) |", "| --- | --- | --- | --- | --- | --- |"]
+
+    def ratio(value: float, base: dict | float | None) -> str:
+        base = base.get("tok_per_s") if isinstance(base, dict) else base
+        return f"{value / base:.0f}x" if base else "n/a"
+
+    for key, val in ro.items():
+        if key.startswith("fast_") and isinstance(val, dict):
+            batch = int(key.split("_B")[1].split("_")[0])
+            new = key.split("_N")[1]
+            tps = val["tok_per_s"]
+            cells = [f"{ratio(tps, ro.get(f'plain_generate_{q}_B{batch}'))}; "
+                     f"{ratio(tps, an.get(f'hf_generate_{q}_B{batch}_tok_per_s'))}" for q in ("nf4", "bf16")]
+            lines.append(f"| {key[5:].split('_B')[0]} | {batch} | {new} | {tps:,} "
+                         f"(excl. capture {val['tok_per_s_excl_capture']:,}) | {cells[0]} | {cells[1]} |")
+    for key, val in ro.items():
+        if key.startswith(("plain_generate", "hf_generate")):
+            lines.append(f"| {key} | {key.split('_B')[1]} | {val['new_tokens']} | {val['tok_per_s']:,} | | |")
+    for key, val in ro.items():  # decode-only rate: the extra 256 tokens of the 768 run over the 512 run
+        if key.startswith("fast_") and key.endswith("_N768") and key.replace("_N768", "_N512") in ro:
+            short = ro[key.replace("_N768", "_N512")]
+            extra = (val["s"] - val["capture_s"]) - (short["s"] - short["capture_s"])
+            batch = int(key.split("_B")[1].split("_")[0])
+            lines.append(f"| {key[5:].split('_B')[0]} decode only (tokens 512-768) | {batch} | 256 | "
+                         f"{round(batch * 256 / extra):,} | | |")
+    trl_s = trl.get("step_s", [None])[-1]
+    for label, st in steps.items():  # one file per step run (backend, micro-batch, dense copy kept or not)
+        for backend in ("triton", "torch"):
+            if f"{backend}_steady_s_per_step" not in st:
+                continue
+            s, last = st[f"{backend}_steady_s_per_step"], st[f"{backend}_step1"]
+            # TRL's step covers 4 prompts x 4 (ACC=4); the preset's 16 prompts take 4 such steps
+            per_prompt = f"{trl_s * 4 / s:.1f}x (TRL {trl_s} s per 4 prompts x 4, x4 for 16)" if trl_s else "n/a"
+            lines.append(f"| GRPO step [{label}], 8 GiB cap | 64 seq | 768 | {s} s/step | TRL: {per_prompt} | "
+                         f"peak {last['train_peak_GiB']} GiB train, {last.get('generate_peak_GiB')} GiB generate |")
+    summary = {"rollout": ro, "step": steps, "kernels": ke, "anchor": an, "trl": trl}
+    (OUT / "gpu_summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    parts = {"rollout": run_rollout, "step": run_step, "kernels": run_kernels, "report": run_report}
+    if len(sys.argv) != 2 or sys.argv[1] not in parts:
+        sys.exit(f"usage: python bench/gpu_bench.py {{{'|'.join(parts)}}}")
+    parts[sys.argv[1]]()

@@ -1,0 +1,1 @@
+"""Optional Triton kernels, each tested against a PyTorch reference (see each module's docstring)."""

@@ -1,0 +1,147 @@
+"""The static-cache decoder (grpo.rollout.static_decode) against HF ``generate`` on the tiny model.
+
+Runs on CPU: the same decode step that a GPU captures as a CUDA graph runs eagerly here (graph capture
+needs CUDA; the bench checks the captured path against ``generate`` on the H200, bench/gpu_bench.py).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from grpo.model.loading import load_policy_model, load_tokenizer
+from grpo.model.lora import inject_lora, lora_modules
+from grpo.prompts import PromptStyle, build_prompt
+from grpo.rollout import SamplingParams
+from grpo.rollout.native import NativeEngine
+from grpo.rollout.static_decode import StaticDecoder
+
+QUESTIONS = ["What is 15 + 27?", "Natalia sold clips to 48 of her friends in April. How many?", "2 + 2?"]
+MAX_NEW = 10
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return load_tokenizer(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[str]:
+    texts = [build_prompt(tokenizer, q, PromptStyle("r1")) for q in QUESTIONS]
+    assert len({len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts}) == 3  # left pads
+    return texts
+
+
+def _with_lora(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    inject_lora(model, targets=["q_proj", "v_proj", "o_proj", "down_proj"], r=4, alpha=8, seed=seed)
+    gen = torch.Generator().manual_seed(seed)
+    for m in lora_modules(model).values():
+        with torch.no_grad():  # B large enough that the adapter changes greedy choices
+            m.lora_B.copy_(torch.randn(m.lora_B.shape, generator=gen) * 0.5)
+    return model.eval()
+
+
+def _ids(engine: NativeEngine, prompts: list[str], params: SamplingParams) -> list[list[list[int]]]:
+    return [[c.token_ids for c in g] for g in engine.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_greedy_matches_generate_with_lora_and_left_padding(tiny_model_dir, tokenizer, prompts, merge):
+    model = _with_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32))
+    params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    fast = NativeEngine(model, tokenizer, batch_size=3, backend="static", merge_lora=merge)
+    assert _ids(fast, prompts, params) == hf
+    # the adapter changes: the next call must see it (merged layers are refolded)
+    for m in lora_modules(model).values():
+        torch.nn.init.zeros_(m.lora_B)
+    bare = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    assert bare != hf
+    assert _ids(fast, prompts, params) == bare
+
+
+def test_stop_tokens_padding_and_finish_reasons(tiny_model_dir, tokenizer, prompts):
+    """Swap two lm_head rows so prompt 0 emits <|im_end|> early: the row stops, keeps the stop id, and
+    later steps write pads that make_completion drops; other rows run to the length limit."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    first = NativeEngine(model, tokenizer, batch_size=3, backend="hf").generate(prompts, params)[0][0].token_ids
+    k = next(i for i in range(2, MAX_NEW) if first[i] not in first[:i])
+    swapped = copy.deepcopy(model)
+    with torch.no_grad():
+        w = swapped.lm_head.weight
+        w[[end_id, first[k]]] = w[[first[k], end_id]]
+    hf = NativeEngine(swapped, tokenizer, batch_size=3, backend="hf").generate(prompts, params)
+    fast = NativeEngine(swapped, tokenizer, batch_size=3, backend="static").generate(prompts, params)
+    assert [(c.token_ids, c.finish_reason, c.text) for g in fast for c in g] == \
+           [(c.token_ids, c.finish_reason, c.text) for g in hf for c in g]
+    assert fast[0][0].finish_reason == "stop" and fast[0][0].token_ids[-1] == end_id
+
+
+def test_nf4_base_uses_the_dense_copy_and_frees_it(tiny_model_dir, tokenizer, prompts):
+    model = load_policy_model(tiny_model_dir, quantization="nf4", compute_dtype="float32", device="cpu",
+                              gradient_checkpointing=False)
+    model = _with_lora(model)
+    params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    fast = NativeEngine(model, tokenizer, batch_size=3, backend="static")
+    assert _ids(fast, prompts, params) == hf
+    # released after the call (training does not carry the copy), rebuilt by the next call
+    assert not any(hasattr(m, "_dense_weight") for m in model.modules()) and fast._decoder.weights == []
+    assert _ids(fast, prompts, params) == hf
+    kept = NativeEngine(model, tokenizer, batch_size=3, backend="static", release_dense=False)
+    assert _ids(kept, prompts, params) == hf and kept._decoder.weights
+
+
+def test_empty_prompt_is_a_clear_error(tiny_model_dir, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with pytest.raises(ValueError, match="prompt 1 .* encodes to no tokens"):
+        NativeEngine(model, tokenizer, batch_size=2).generate(["2 + 2?", ""], SamplingParams(max_new_tokens=2))
+
+
+def test_sampling_is_seeded_and_respects_top_k(tiny_model_dir, tokenizer, prompts):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    engine = NativeEngine(model, tokenizer, batch_size=4, backend="static")
+    params = SamplingParams(n=3, temperature=1.0, top_p=0.9, top_k=5, max_new_tokens=8, seed=3)
+    first = _ids(engine, prompts, params)
+    torch.manual_seed(999)
+    assert _ids(engine, prompts, params) == first
+    assert len({tuple(t) for t in first[0]}) > 1
+    # every sampled token is among the 5 most likely at its step (teacher-forced check)
+    for text, group in zip(prompts, first):
+        prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        for ids in group:
+            with torch.no_grad():
+                logits = model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1:-1]
+            top5 = logits.topk(5, -1).indices
+            assert all(t in row for t, row in zip(ids, top5.tolist()))
+
+
+def test_decoder_buckets_cover_the_cache(tiny_model_dir, tokenizer, prompts):
+    """Tiny buckets: every bucket boundary is crossed, and the result is still generate's."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    engine = NativeEngine(model, tokenizer, batch_size=3, backend="static")
+    engine._decoder = StaticDecoder(model, bucket=3, sync_every=4)
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    assert _ids(engine, prompts, params) == hf
+
+
+def test_unknown_backend_is_refused(tiny_model_dir, tokenizer):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    with pytest.raises(ValueError, match="backend"):
+        NativeEngine(model, tokenizer, batch_size=1, backend="sglang")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU (the eager step is tested above)")
+def test_cuda_graph_decode_matches_generate(tiny_model_dir, tokenizer, prompts):
+    model = _with_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda())
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    engine = NativeEngine(model, tokenizer, batch_size=3, backend="static")
+    engine._decoder = StaticDecoder(model, bucket=16, sync_every=8)
+    assert engine._decoder.cuda_graphs
+    assert _ids(engine, prompts, params) == hf
