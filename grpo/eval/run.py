@@ -24,6 +24,7 @@ from typing import Any
 
 from grpo.config import EvaluateParams, ProtocolParams
 from grpo.eval.metrics import SampleResult, summarize
+from grpo.faults import kill_point
 from grpo.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout import GenerationEngine, SamplingParams, make_engine
@@ -137,6 +138,7 @@ def run_evaluation(model: str, benchmark: str, params: EvaluateParams, style: Pr
     finally:
         engine.close()
     write_jsonl(paths.samples(model, benchmark), records)
+    kill_point("evaluate.samples")
     atomic_write_json(paths.metrics(model, benchmark), metrics)
     log.info("%s on %s: pass@1 %.3f +- %.3f, truncated %.2f, %.1f tokens/s", model, benchmark,
              metrics["pass@1"], metrics["pass@1_stderr"], metrics["truncation_rate"], metrics["tokens_per_s"])
