@@ -61,7 +61,7 @@ def soak(project: Path, stage: str, points: list[str], faults: int, rng: random.
     for _ in range(faults):
         point = rng.choice(points)
         env, label = fault_env(point, rng)
-        proc = run(["dvc", "repro", stage], project, check=False, extra_env=env)
+        proc = run(["dvc", "repro", stage], project, check=False, **env)
         tried[point] += 1
         if proc.returncode != 0:
             assert "SIGKILL at" in proc.stderr or "out of memory" in proc.stderr, proc.stderr[-3000:]
