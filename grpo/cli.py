@@ -23,7 +23,8 @@ def seed_everything(seed: int) -> None:
 def run_stage(name: str, sections: list[str], main: Callable[[dict[str, Any], argparse.Namespace], None],
               add_args: Callable[[argparse.ArgumentParser], None] | None = None) -> None:
     """Parse ``--params``, validate the stage's sections, run ``main``; exit 2 with one clear message
-    on bad params or bad input, so DVC marks the stage failed and nothing half-written is left."""
+    on bad params, bad input or out-of-memory at micro-batch size 1, so DVC marks the stage failed and
+    nothing half-written is left."""
     parser = argparse.ArgumentParser(prog=f"stages/{name}.py", description=f"DVC stage: {name}")
     parser.add_argument("--params", default="params.yaml", help="params file (default: params.yaml)")
     if add_args:
@@ -34,7 +35,7 @@ def run_stage(name: str, sections: list[str], main: Callable[[dict[str, Any], ar
     try:
         params = load_params(args.params, sections)
         main(params, args)
-    except (ConfigError, ValueError, FileNotFoundError, OSError) as exc:
+    except (ConfigError, ValueError, FileNotFoundError, OSError, torch.OutOfMemoryError) as exc:
         if os.environ.get("GRPO_DEBUG"):
             raise
         print(f"error: stage {name} failed: {exc}\n(set GRPO_DEBUG=1 for the traceback)", file=sys.stderr)

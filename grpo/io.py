@@ -2,10 +2,12 @@
 
 A DVC stage must write its outs completely or not at all, so every writer here goes through a temp
 path next to the target (same filesystem, so the final ``os.replace`` is atomic) and renames it into
-place only after the content is fully written.
+place only after the content is fully written. A write killed with SIGKILL (no cleanup runs) leaves
+its hidden temp sibling behind; the next write of the same target removes it (``sweep_stale``).
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -14,6 +16,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from grpo.faults import kill_point
 
 FLOAT_DIGITS = 6
 
@@ -29,10 +33,22 @@ def round_floats(obj: Any, digits: int = FLOAT_DIGITS) -> Any:
     return obj
 
 
+def sweep_stale(path: Path) -> None:
+    """Delete the hidden temp siblings (``.<name>.tmp-*``, ``.<name>.old-*``) that a killed write of
+    ``path`` left. Each stage is the only writer of its outputs, so any that exist are leftovers."""
+    name = glob.escape(path.name)
+    for stale in [*path.parent.glob(f".{name}.tmp-*"), *path.parent.glob(f".{name}.old-*")]:
+        if stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
+
+
 def atomic_write_text(path: Path | str, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` via a temp file and ``os.replace``; creates parent folders."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.tmp-")
     os.chmod(tmp, 0o644)  # mkstemp makes files private; outputs are ordinary files
     try:
@@ -58,6 +74,7 @@ def atomic_dir(path: Path | str) -> Iterator[Path]:
     on an exception it is deleted and ``path`` is left as it was."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    sweep_stale(path)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.tmp-"))
     os.chmod(tmp, 0o755)
     try:
@@ -73,6 +90,7 @@ def atomic_dir(path: Path | str) -> Iterator[Path]:
         os.replace(path, old / path.name)
     elif path.exists() or path.is_symlink():
         path.unlink()
+    kill_point(f"replace:{path.name}")
     os.replace(tmp, path)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

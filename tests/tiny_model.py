@@ -77,3 +77,27 @@ def make_tiny_model_dir(path: str | Path, seed: int = 0, **config_overrides) -> 
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+EOS_BOOST = 0.3  # sampled lengths under a 6-token cap: 6,4,6,1,2,6,1,1,3,1,1,1,3,6,1,1 (nf4, measured)
+
+
+def make_varied_length_model_dir(path: str | Path) -> Path:
+    """The tiny model with its end-of-turn logit raised along the mean final hidden state at the first
+    generated position of the default (tagged) prompts: sampled answers then vary in length, so a
+    ``length_penalty`` reward differs inside a group and GRPO really moves the adapter (with the plain
+    tiny model every completion runs to the token cap and every advantage is 0)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from grpo.prompts import PromptStyle, build_prompt
+
+    path = make_tiny_model_dir(path)
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path)
+    prompts = [build_prompt(tokenizer, f"What is {i} + {i}?", PromptStyle("tagged")) for i in range(4)]
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    with torch.no_grad():
+        hidden = model(**batch, output_hidden_states=True).hidden_states[-1][:, -1].mean(0)
+        model.lm_head.weight[tokenizer.convert_tokens_to_ids("<|im_end|>")] += EOS_BOOST * hidden / hidden.norm()
+    model.save_pretrained(path)
+    return path

@@ -24,6 +24,7 @@ from typing import Any
 
 from grpo.config import EvaluateParams, ProtocolParams
 from grpo.eval.metrics import SampleResult, summarize
+from grpo.faults import kill_point
 from grpo.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout import GenerationEngine, SamplingParams, make_engine
@@ -115,6 +116,8 @@ def run_evaluation(model: str, benchmark: str, params: EvaluateParams, style: Pr
     if adapter_dir is not None and not (adapter_dir / ADAPTER_CONFIG).is_file():
         raise FileNotFoundError(f"adapter for model {model!r} not found at {adapter_dir} "
                                 f"(run the {'train' if model == 'final' else 'select'} stage first)")
+    if adapter_dir is not None:
+        check_adapter_base(adapter_dir, paths.base_model)
     data = paths.benchmark(benchmark)
     if not data.is_file():
         raise FileNotFoundError(f"benchmark file {data} not found: add {benchmark!r} to prepare.benchmarks")
@@ -137,10 +140,28 @@ def run_evaluation(model: str, benchmark: str, params: EvaluateParams, style: Pr
     finally:
         engine.close()
     write_jsonl(paths.samples(model, benchmark), records)
+    kill_point("evaluate.samples")
     atomic_write_json(paths.metrics(model, benchmark), metrics)
     log.info("%s on %s: pass@1 %.3f +- %.3f, truncated %.2f, %.1f tokens/s", model, benchmark,
              metrics["pass@1"], metrics["pass@1_stderr"], metrics["truncation_rate"], metrics["tokens_per_s"])
     return metrics
+
+
+def check_adapter_base(adapter_dir: Path, base_dir: Path) -> None:
+    """Refuse an adapter trained on another base than models/base: with equal shapes it would load and
+    silently evaluate nonsense. The base's identity is the ``source`` in MODEL_INFO.json (what the
+    train stage writes into the adapter); a base folder without MODEL_INFO.json is not checked."""
+    info = base_dir / "MODEL_INFO.json"
+    if not info.is_file():
+        return
+    from grpo.model.adapter import read_adapter_config  # imports torch
+
+    trained_on = read_adapter_config(adapter_dir).get("base_model_name_or_path")
+    base = json.loads(info.read_text(encoding="utf-8"))["source"]
+    if trained_on != base:
+        raise ValueError(f"{adapter_dir}: base_model_name_or_path mismatch: the adapter was trained on "
+                         f"{trained_on!r}, but {base_dir} is {base!r} (model.source); retrain, or set "
+                         f"model.source to the adapter's base")
 
 
 def _max_model_len(tokenizer, rows: list[dict], protocol: ProtocolParams, style: PromptStyle) -> int:

@@ -29,6 +29,7 @@ _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # transformers 5.17 reads SmolLM2's GGUF tokenizer with eos = <|im_start|> and no pad token; the chat
 # turn ends with <|im_end|>, so generation would never stop. DESIGN.md, "Facts measured".
 _SMOLLM2_END_TOKEN = "<|im_end|>"
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -91,6 +92,11 @@ def _load_pretrained(source: str, revision: str | None, dtype: torch.dtype) -> L
     kind = "local" if local.is_dir() else "hub"
     if kind == "local" and not (local / "config.json").is_file():
         raise FileNotFoundError(f"model.source={source!r} is a folder without config.json: not a HF model folder")
+    if kind == "local" and not any((local / name).is_file() for name in _TOKENIZER_FILES):
+        # transformers would otherwise build some tokenizer from the config alone, and the error
+        # that follows ("no chat template") would point at the wrong problem
+        raise FileNotFoundError(f"model.source={source!r} is a folder without a tokenizer (none of "
+                                f"{', '.join(_TOKENIZER_FILES)}): copy the model's tokenizer files into it")
     target = str(local) if kind == "local" else source
     try:
         tokenizer = AutoTokenizer.from_pretrained(target, revision=revision)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from grpo.faults import kill_point
 from grpo.io import atomic_write_json, round_floats
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout.base import GenerationEngine, SamplingParams, encode_prompts
@@ -135,6 +136,7 @@ def score_questions(engine: GenerationEngine, tokenizer, rows: Sequence[dict], s
             state = round_floats(state)
             atomic_write_json(progress_path, {"version": PROGRESS_VERSION, "fingerprint": key, **state})
             saved = done
+        kill_point("sent.batch")
         log.info("scored %d/%d questions (%.0f generated tokens/s)", done, len(rows),
                  state["generated_tokens"] / max(state["generate_s"], 1e-9))
     return ScoringRun(state["scores"], state["time_s"], state["generate_s"], state["generated_tokens"], resumed)

@@ -6,7 +6,9 @@
     ``state.json``          step, data cursor, curriculum stage, micro-batch sizes, metric history
 
 A checkpoint is written into a hidden temp folder and renamed into place, so a kill during the write
-leaves either the previous checkpoints or a new complete one, never a half one. Only the last
+leaves either the previous checkpoints or a new complete one, never a half one; pruning renames a
+checkpoint to a hidden name before deleting it, for the same reason. Hidden leftovers of a killed
+write or prune are swept when training resumes (``sweep_hidden``). Only the last
 ``keep_last`` keep their optimiser state; checkpoints that the validation log refers to keep their
 adapter (select may choose them), everything else is deleted.
 """
@@ -22,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from grpo.faults import kill_point
 from grpo.io import atomic_dir
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ def save_checkpoint(root: Path, step: int, *, save_adapter_fn, optimizer, schedu
     with atomic_dir(target) as tmp:
         tmp = Path(tmp)
         save_adapter_fn(tmp / "adapter")
+        kill_point("checkpoint.write")
         torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
                     "rng": rng_state()}, tmp / "trainer_state.pt")
         (tmp / "state.json").write_text(json.dumps(state, sort_keys=True, indent=1), encoding="utf-8")
@@ -104,4 +108,19 @@ def prune(root: Path, keep_last: int, referenced_steps: set[int]) -> None:
         if checkpoint_step(path) in referenced_steps:
             (path / "trainer_state.pt").unlink()
         else:
+            # hidden first, so a kill half-way through the delete leaves no half checkpoint in view
+            doomed = path.with_name(f".{path.name}.deleting")
+            path.rename(doomed)
+            shutil.rmtree(doomed)
+
+
+def sweep_hidden(root: Path) -> None:
+    """Delete hidden leftovers (temp folders of killed writes, half-deleted checkpoints) under ``root``,
+    which only the train stage writes; DVC would otherwise store them as part of the checkpoints out."""
+    root = Path(root)
+    for path in root.glob(".*") if root.is_dir() else []:
+        log.warning("removing %s, left by an interrupted checkpoint write or prune", path)
+        if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
+        else:
+            path.unlink()

@@ -24,7 +24,8 @@ from tqdm import tqdm
 
 from grpo.cli import seed_everything
 from grpo.config import TrainParams, to_dict
-from grpo.io import atomic_dir, atomic_write_json, atomic_write_text
+from grpo.faults import kill_point
+from grpo.io import atomic_dir, atomic_write_json, atomic_write_text, write_jsonl
 from grpo.model.adapter import LoraSettings, save_adapter
 from grpo.model.dequant import dense_base
 from grpo.model.loading import load_policy_model, load_tokenizer, resolve_device
@@ -123,6 +124,7 @@ class Trainer:
                                style, self.lora_params, self.sizes, FaultHook(), self.device)
         self.history: list[dict] = []
         self.validation: list[dict] = []
+        self.samples: list[dict] = []  # logged completions, for samples.jsonl
         self.step = 0
 
     # --- checkpoints -------------------------------------------------------------------------
@@ -136,14 +138,16 @@ class Trainer:
     def _state(self) -> dict:
         return {"step": self.step, "fingerprint": self.fingerprint, "sampler": self.sampler.state(),
                 "schedule": self.schedule.state(), "sizes": {k: s.state() for k, s in self.sizes.items()},
-                "history": self.history, "validation": self.validation}
+                "history": self.history, "validation": self.validation, "samples": self.samples}
 
     def save(self) -> None:
         ckpt.save_checkpoint(self.paths.checkpoints, self.step, save_adapter_fn=self._save_adapter,
                              optimizer=self.optimizer, scheduler=self.scheduler, state=self._state())
+        kill_point("checkpoint.prune")
         ckpt.prune(self.paths.checkpoints, self.params.keep_last, {row["step"] for row in self.validation})
 
     def resume(self) -> None:
+        ckpt.sweep_hidden(self.paths.checkpoints)
         found = ckpt.load_latest(self.paths.checkpoints)
         if found is None:
             return
@@ -164,6 +168,7 @@ class Trainer:
         for name, size_state in state["sizes"].items():
             self.sizes[name].load_state(size_state)
         self.history, self.validation, self.step = state["history"], state["validation"], state["step"]
+        self.samples = state.get("samples", [])
         log.info("resumed from %s (step %d of %d)", path, self.step, self.params.max_steps)
 
     # --- the loop ----------------------------------------------------------------------------
@@ -175,6 +180,7 @@ class Trainer:
             stage = self.schedule.stage_for_step(self.step)
             ids = self.sampler.next_ids(p.prompts_per_step, stage)
             metrics, rollouts, reasons = grpo_step(self.ctx, [self.rows[i] for i in ids], self.step)
+            kill_point("train.step")
             self.schedule.record_reward(metrics["reward_mean"])
             self.step += 1
             metrics.update(step=self.step, curriculum_stage=stage)
@@ -206,29 +212,27 @@ class Trainer:
                  result["format_rate"])
 
     def _log_samples(self, rollouts, reasons: list[dict]) -> None:
-        lines = []
         for i in range(0, len(rollouts.responses), self.params.group_size)[:2]:
             entry = {"step": self.step, "id": rollouts.samples[i]["id"], "gold": rollouts.samples[i]["answer"],
                      "response": rollouts.responses[i], "finish_reason": rollouts.completions[i].finish_reason,
                      "rewards": reasons[i]}
-            lines.append(json.dumps(entry, ensure_ascii=False, sort_keys=True))
+            self.samples.append(entry)
             log.info("sample (step %d, %s): %r → %s", self.step, entry["id"], entry["response"][:300], entry["rewards"])
-        path = self.paths.metrics_dir / "samples.jsonl"
-        old = path.read_text(encoding="utf-8") if path.exists() else ""
-        atomic_write_text(path, old + "\n".join(lines) + "\n")
 
     def _write_logs(self) -> None:
+        """Rewrite the logs whole from the state that checkpoints hold, so a resumed run's logs equal an
+        uninterrupted run's: entries made after the last checkpoint are redone, never doubled."""
+        write_jsonl(self.paths.metrics_dir / "samples.jsonl", self.samples)
         write_csv(self.paths.metrics_dir / "steps.csv", self.history)
         if self.validation:
             write_csv(self.paths.metrics_dir / "validation.csv", self.validation)
 
     def _finish(self) -> dict:
+        kill_point("train.finish")
         self._write_logs()
-        samples = self.paths.metrics_dir / "samples.jsonl"
-        if not samples.exists():  # a declared output even when no step logged samples
-            atomic_write_text(samples, "")
         with atomic_dir(self.paths.final) as tmp:
             self._save_adapter(Path(tmp))
+        kill_point("train.summary")
         last = self.history[-1] if self.history else {}
         first = self.history[0] if self.history else {}
         summary = {

@@ -16,8 +16,12 @@ Two paths, cheapest first:
    gold first as it requires). It covers intervals, tuples, sets, roots, pi, equations like ``x=5``.
    math-verify's own timeout uses SIGALRM (main thread only), so it runs in a child process
    (``latex_worker.py``) that is killed when a call overruns ``timeout_s``; a timeout counts as not
-   equivalent (and is cached like any other result). Results are cached because semantic-entropy
-   clustering compares the same pairs often.
+   equivalent (and is cached like any other result). A warm spare worker takes over at once, so the
+   call after a timeout does not wait for sympy to import (about 0.5 s here). A symmetric check
+   (``answers_equivalent``) tries both directions inside one request, under one timeout. An answer
+   longer than ``_MAX_LATEX_LEN`` characters is not equivalent without being parsed: no final answer
+   is that long (MATH-500's longest gold answer has 53), and a megabyte of "answer" would only burn the
+   timeout. Results are cached because semantic-entropy clustering compares the same pairs often.
    The worker serves one call at a time; concurrent callers queue, and each one's timeout only starts
    once its request is sent. POSIX only (``select`` on pipes, ``fork`` and resource limits).
 
@@ -45,6 +49,7 @@ ANSWER_TYPES = ("integer", "number", "latex", "none")
 REL_TOL = 1e-6
 _MAX_NUMERIC_LEN = 200  # a number with its unit is short; longer text goes straight to the LaTeX path
 _MAX_EXPONENT = 400  # 1e999999999 would build a gigantic integer; such inputs go to the LaTeX path
+_MAX_LATEX_LEN = 2000
 
 _MINUSES = dict.fromkeys(map(ord, "\u2212\u2012\u2013\ufe63"), "-")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
@@ -163,59 +168,70 @@ def says_unanswerable(answer: str) -> bool:
 
 
 class _LatexWorker:
-    """One lazily started ``latex_worker.py`` child, killed on timeout and replaced at once."""
+    """A ``latex_worker.py`` child serving requests, plus a warm spare that replaces it the moment it is
+    killed for overrunning a timeout (or dies), so no call waits for a fresh worker's start-up."""
 
     START_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine can take a while
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
-        self._ready = False
+        self._spare: subprocess.Popen | None = None
+        self._ready = False  # whether self._proc has said "ready"
 
-    def compare(self, gold: str, pred: str, timeout_s: float) -> bool:
+    def compare(self, gold: str, pred: str, symmetric: bool, timeout_s: float) -> bool:
         with self._lock:
             proc = self._ensure_ready()
             try:
-                proc.stdin.write((json.dumps([gold, pred]) + "\n").encode())
+                proc.stdin.write((json.dumps([gold, pred, symmetric]) + "\n").encode())
                 proc.stdin.flush()
                 reply = self._read_line(proc, timeout_s)
             except OSError:
                 reply = None
-            if reply is None:  # timed out, or died (e.g. a sympy recursion crash)
-                self.stop()
-                self._spawn()  # the replacement imports sympy while the caller carries on
+            if reply is None:  # timed out, or died (e.g. a sympy recursion crash): the spare takes over
+                self._kill(proc)
+                self._proc = None
                 return False
             return reply == b"1"
 
     def stop(self) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.wait()
-            for pipe in (self._proc.stdin, self._proc.stdout):
-                pipe.close()
-            self._proc = None
+        for proc in (self._proc, self._spare):
+            self._kill(proc)
+        self._proc = self._spare = None
 
     def forget_after_fork(self) -> None:
         # A forked child must not share the parent's worker pipes (or a lock held by a parent thread).
         self._lock = threading.Lock()
-        self._proc = None
+        self._proc = self._spare = None
 
-    def _spawn(self) -> None:
+    @staticmethod
+    def _kill(proc: subprocess.Popen | None) -> None:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            for pipe in (proc.stdin, proc.stdout):
+                pipe.close()
+
+    @staticmethod
+    def _spawn() -> subprocess.Popen:
         script = Path(__file__).with_name("latex_worker.py")
-        self._proc = subprocess.Popen([sys.executable, str(script), str(os.getpid())], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, bufsize=0)
-        self._ready = False
+        return subprocess.Popen([sys.executable, str(script), str(os.getpid())], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, bufsize=0)
 
     def _ensure_ready(self) -> subprocess.Popen:
         if self._proc is None or self._proc.poll() is not None:
-            self.stop()
-            self._spawn()
+            self._kill(self._proc)
+            spare_alive = self._spare is not None and self._spare.poll() is None
+            self._proc, self._spare, self._ready = (self._spare if spare_alive else self._spawn()), None, False
         if not self._ready:
             if self._read_line(self._proc, self.START_TIMEOUT_S) != b"ready":
                 self.stop()
                 raise RuntimeError("the math-verify worker (grpo/verify/latex_worker.py) did not start; "
                                    "is math-verify installed?")
             self._ready = True
+        if self._spare is None or self._spare.poll() is not None:
+            self._kill(self._spare)
+            self._spare = self._spawn()  # imports while the serving worker answers
         return self._proc
 
     @staticmethod
@@ -240,8 +256,10 @@ os.register_at_fork(after_in_child=_WORKER.forget_after_fork)
 
 
 @functools.lru_cache(maxsize=65536)
-def _latex_equal(gold: str, pred: str, timeout_s: float) -> bool:
-    return _WORKER.compare(gold, pred, timeout_s)
+def _latex_equal(gold: str, pred: str, timeout_s: float, symmetric: bool = False) -> bool:
+    if len(gold) > _MAX_LATEX_LEN or len(pred) > _MAX_LATEX_LEN:
+        return False
+    return _WORKER.compare(gold, pred, symmetric, timeout_s)
 
 
 def _latex_form(s: str) -> str:
@@ -262,7 +280,8 @@ def is_equivalent(pred: str | None, gold: str, answer_type: str = "number", *, t
     gold_number, pred_number = _parse_numeric(gold), _parse_numeric(pred)
     if gold_number is not None and pred_number is not None:
         return _numbers_match(gold_number, pred_number, exact=answer_type == "integer")
-    return _latex_equal(_latex_form(gold), _latex_form(pred), timeout_s)
+    gold_form, pred_form = _latex_form(gold), _latex_form(pred)
+    return gold_form == pred_form or _latex_equal(gold_form, pred_form, timeout_s)
 
 
 def answers_equivalent(a: str | None, b: str | None, *, timeout_s: float = 1.0) -> bool:
@@ -274,5 +293,5 @@ def answers_equivalent(a: str | None, b: str | None, *, timeout_s: float = 1.0) 
     a_number, b_number = _parse_numeric(a), _parse_numeric(b)
     if a_number is not None and b_number is not None:
         return _numbers_match(a_number, b_number, exact=False)
-    a_form, b_form = _latex_form(a), _latex_form(b)
-    return _latex_equal(a_form, b_form, timeout_s) or _latex_equal(b_form, a_form, timeout_s)
+    a_form, b_form = sorted((_latex_form(a), _latex_form(b)))  # one cache entry for (a, b) and (b, a)
+    return a_form == b_form or _latex_equal(a_form, b_form, timeout_s, symmetric=True)

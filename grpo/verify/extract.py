@@ -17,8 +17,11 @@ Modes: ``boxed`` = 1, ``tagged`` = 2, ``strict`` = 1-2, ``lenient`` = 1-5. Rewar
 ``strict``/``tagged``/``boxed``; evaluation uses ``lenient``.
 
 Self-correction rule: within a source, the LAST occurrence wins ("the answer is 5 ... wait, actually the
-answer is 6" gives 6; two boxes give the second). Across sources the priority above holds, so a box beats
-later prose: the box is the answer the model committed to, prose after it is commentary.
+answer is 6" gives 6; two boxes give the second; two ``####`` lines the second). Across sources the
+priority above holds, so a box beats later prose: the box is the answer the model committed to, prose
+after it is commentary. A correction therefore counts only when it is restated in the same form as the
+answer it corrects or a stronger one: "The answer is 5. Hmm, no, it's 6." gives 5, because "it's 6" is
+no answer phrase (only the last-number fallback would see it, and the phrase outranks that).
 
 Truncation rule (``finish_reason="length"``): only an answer the model had already finished counts: a
 closed box, a closed answer tag, or a phrase / ``####`` answer that is followed by a line break or a
@@ -43,7 +46,7 @@ _SENTENCE_END = re.compile(r"\.(?:\s|$)")
 # Digits first (a sign is looked at by hand): a pattern that starts with a digit class lets the regex
 # engine skip ahead quickly, which matters on long texts with few numbers.
 _NUMBER = re.compile(r"(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?(?:[ \t]*/[ \t]*\d+)?")
-_SIGNS = "-+\u2212"
+_SIGNS = "-+\u2212\u2012\u2013\ufe63\uff0d"  # ASCII, minus sign, figure/en dash, small/fullwidth
 _WRAPPERS = (("\\(", "\\)"), ("\\[", "\\]"), ("**", "**"))
 
 

@@ -2,7 +2,8 @@
 
 Started by ``grpo.verify.equivalence`` as ``python latex_worker.py PARENT_PID`` (a plain script: the
 child imports only math-verify, never the project or the parent's ``__main__``). Protocol, one line each way:
-the parent writes ``["<gold>", "<pred>"]`` as JSON, the worker answers ``1`` or ``0``. The worker first
+the parent writes ``["<gold>", "<pred>", symmetric]`` as JSON, the worker answers ``1`` or ``0``
+(symmetric: either direction of math-verify's ``verify`` suffices). The worker first
 writes ``ready`` once math-verify is imported and warmed up, so start-up time never eats a call's timeout.
 """
 from __future__ import annotations
@@ -69,9 +70,9 @@ def main() -> None:
     replies.write("ready\n")
     replies.flush()
     for line in sys.stdin:
-        gold, pred = json.loads(line)
+        gold, pred, symmetric = json.loads(line)
         try:
-            result = compare(gold, pred)
+            result = compare(gold, pred) or (symmetric and compare(pred, gold))
         except Exception:  # noqa: BLE001 - any failure to parse or compare means "not shown equal"
             result = False
         replies.write("1\n" if result else "0\n")

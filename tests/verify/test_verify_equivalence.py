@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from grpo.verify.equivalence import answers_equivalent, is_equivalent, normalize_number, says_unanswerable
+from grpo.verify.extract import extract_answer
+from grpo.verify.rewards import compute_rewards
 
 EQUIVALENT = [
     # (pred, gold, answer_type)
@@ -210,3 +212,87 @@ def test_formatting_variants_of_an_integer_are_equivalent(n, data):
     assert answers_equivalent(pred, gold)
     if n != 0:
         assert not is_equivalent(pred, str(n + 1), "integer")
+
+
+def test_no_check_waits_for_a_replacement_worker_or_parses_a_megabyte():
+    """The call after a timeout is served by the warm spare worker; a symmetric check (both directions)
+    shares one timeout; an over-long answer is refused without parsing."""
+    assert is_equivalent("\\sqrt{36}", "6", "latex")  # the worker (and its spare) are up
+    timings = {}
+    for name, check in [
+        ("timeout", lambda: is_equivalent("10^{10^{12}}", "3", "latex", timeout_s=1.0)),
+        ("right after", lambda: is_equivalent("\\sqrt{49}", "7", "latex")),
+        ("symmetric timeout", lambda: answers_equivalent("10^{10^{13}}", "2^{2^{50}}", timeout_s=1.0)),
+        ("right after again", lambda: answers_equivalent("\\frac{\\pi}{4}", "\\pi/4")),
+        ("megabyte", lambda: is_equivalent("\\frac{1}{2}+" * 100_000 + "1", "2", "latex")),
+    ]:
+        start = time.perf_counter()
+        timings[name] = (check(), time.perf_counter() - start)
+    assert [result for result, _ in timings.values()] == [False, True, False, True, False]
+    assert all(seconds < 1.5 for _, seconds in timings.values()), timings
+    assert timings["megabyte"][1] < 0.1, timings
+
+
+MEGABYTE = 1_000_000
+
+
+@pytest.mark.parametrize(("completion", "correct"), [
+    ("<reasoning>\n" + "We add the numbers again. " * (MEGABYTE // 26) + "\n</reasoning>\n<answer>\n42\n</answer>", 1.0),
+    ("<answer>" + "1" * MEGABYTE + "</answer>", 0.0),
+    ("\\boxed{" + "\\frac{1}{2}+" * (MEGABYTE // 12) + "1}", 0.0),
+    ("<answer>" + "x^{" * (MEGABYTE // 3) + "</answer>", 0.0),
+], ids=["long-reasoning", "megabyte-number", "megabyte-box", "megabyte-open-powers"])
+def test_one_megabyte_completion_is_scored_within_a_second(completion, correct):
+    row = {"answer": "42", "answer_type": "integer"}
+    start = time.perf_counter()
+    total, per_fn, _ = compute_rewards([completion], [row], {"correctness": 1.0}, ["stop"], [10], 16)
+    assert time.perf_counter() - start < 1.0
+    assert per_fn["correctness"] == [correct]
+
+
+DIGITS = {"ascii": "0", "arabic-indic": "\u0660", "extended-arabic-indic": "\u06f0", "devanagari": "\u0966",
+          "bengali": "\u09e6", "thai": "\u0e50", "fullwidth": "\uff10"}
+MINUSES = ["-", "\u2212", "\u2012", "\u2013", "\ufe63", "\uff0d"]
+
+
+def _render(n: int, zero: str, minus: str) -> str:
+    digits = "".join(chr(ord(zero) + int(d)) for d in str(abs(n)))
+    return minus + digits if n < 0 else digits
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(min_value=-10**9, max_value=10**9), st.sampled_from(sorted(DIGITS)), st.sampled_from(MINUSES))
+def test_unicode_digits_and_minus_signs_are_the_same_integer(n, system, minus):
+    text = _render(n, DIGITS[system], minus)
+    assert normalize_number(text) == n
+    assert is_equivalent(text, str(n), "integer") and is_equivalent(str(n), text, "integer")
+    assert not is_equivalent(text, str(n + 1), "integer")
+    assert extract_answer(f"So the result is {text}") == text  # the last-number fallback keeps the sign
+    assert is_equivalent(extract_answer(f"The answer is {text}."), str(n), "integer")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(min_size=1, max_size=50).filter(str.strip), st.sampled_from(["integer", "number", "latex"]))
+def test_any_answer_is_equivalent_to_itself(text, answer_type):
+    assert is_equivalent(text, text, answer_type)
+    assert answers_equivalent(text, text)
+
+
+def _number_forms(value: Fraction) -> list[str]:
+    """Ways to write ``value``: fractions, a 12-significant-digit decimal, scientific, percent, money."""
+    p, q = value.numerator, value.denominator
+    sign, a = ("-" if p < 0 else ""), abs(p)
+    x = float(value)
+    return [f"{p}/{q}", f"{sign}\\frac{{{a}}}{{{q}}}", f"\\dfrac{{{p}}}{{{q}}}", f"{sign}\\tfrac{{{a}}}{{{q}}}",
+            f"{x:.12g}", f"{x:.11e}", f"{x * 100:.12g}\\%", f"{x * 100:.12g}%", f"${x:.12g}$", f"\\text{{{x:.12g}}}"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.fractions(min_value=-10**4, max_value=10**4, max_denominator=999), st.data())
+def test_formatting_variants_of_one_value_are_equivalent(value, data):
+    forms = _number_forms(value)
+    pred, gold = data.draw(st.sampled_from(forms)), data.draw(st.sampled_from(forms))
+    assert is_equivalent(pred, gold, "number"), (pred, gold)
+    assert answers_equivalent(pred, gold), (pred, gold)
+    other = value + (abs(value) + 1) / 1000  # far outside the relative tolerance of 1e-6
+    assert not is_equivalent(pred, f"{other.numerator}/{other.denominator}", "number"), (pred, other)

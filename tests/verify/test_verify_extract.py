@@ -39,6 +39,16 @@ LENIENT_CASES = [
     ("The total is ١٢", "١٢"),
     ("\\boxed{} The answer is 3", "3"),
     ("\\boxed{10} The answer is 11", "10"),  # a box outranks later prose
+    # self-correction: the last answer of the strongest form present wins; a correction must restate it
+    ("\\boxed{5}. Wait, that is wrong: \\boxed{6}", "6"),
+    ("#### 5\nNo, wait.\n#### 6", "6"),
+    ("<answer>5</answer> Actually the answer is 6.", "5"),
+    ("The answer is 5. Hmm, no, it's 6.", "5"),
+    ("The answer is 5. Let me recheck: 2 + 4 = 6, so the answer is 6.", "6"),
+    # Unicode digits and minus signs are kept as written; equivalence normalises them
+    ("so the total is \u2212\u0664\u0662", "\u2212\u0664\u0662"),
+    ("so the total is \uff0d\uff14\uff12", "\uff0d\uff14\uff12"),
+    ("it comes to \u2013\u096a\u0968 in all", "\u2013\u096a\u0968"),
     ("no numbers here", None),
     ("", None),
 ]

@@ -1,0 +1,66 @@
+"""The trainer in-process on a tiny random Qwen2 in real bitsandbytes 4-bit on CPU, with a reward that
+varies between random completions: shared by the trainer tests and the fault suite."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from grpo.config import parse_section
+from grpo.prompts import PromptStyle
+from grpo.train import loop as loop_module
+from grpo.train.loop import Trainer, TrainPaths, fingerprint
+from grpo.verify import rewards as rewards_module
+from grpo.verify.rewards import RewardResult
+
+STYLE = PromptStyle("tagged")
+ROWS = [{"id": f"q{i}", "source": "t", "question": f"What is {i} + {i}?", "answer": str(2 * i),
+         "answer_type": "integer", "meta": {}} for i in range(8)]
+
+
+def digit_share(completion: str, sample: dict, **_) -> RewardResult:
+    """A test reward that varies between random completions, so groups have non-zero advantages."""
+    return RewardResult(sum(ch.isdigit() for ch in completion) / max(1, len(completion)), "digit share")
+
+
+@pytest.fixture
+def varied_reward(monkeypatch):
+    """Register ``digit_share``; a test module using the harness makes this fixture autouse."""
+    monkeypatch.setitem(rewards_module.REWARD_FUNCTIONS, "digit_share", digit_share)
+
+
+def params(**overrides):
+    base = parse_section("train", {
+        "max_steps": 3, "prompts_per_step": 2, "group_size": 3, "max_response_length": 8,
+        "save_every": 1, "val_every": 2, "val_max_new_tokens": 4, "train_batch_size": 6,
+        "generation_batch_size": 6, "keep_last": 1, "num_iterations": 2, "beta": 0.05, "lr": 1e-2,
+    })
+    return dataclasses.replace(base, rewards={"digit_share": 1.0}, **overrides)
+
+
+def run(tmp_path, tiny_model_dir, p, name: str) -> Trainer:
+    paths = TrainPaths(tiny_model_dir, tmp_path / name / "checkpoints", tmp_path / name / "final",
+                       tmp_path / name / "metrics", tmp_path / name / "train.json")
+    trainer = Trainer(p, STYLE, paths, ROWS, ROWS[:2], None, fingerprint(p, STYLE, []))
+    trainer.run()
+    return trainer
+
+
+def kill_at_step(monkeypatch, step: int) -> None:
+    """Make the loop's ``step``-th call of grpo_step raise, like a kill after the previous checkpoint."""
+    real_step = loop_module.grpo_step
+    calls = {"n": 0}
+
+    def crashing(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == step:
+            raise KeyboardInterrupt(f"simulated kill at step {step}")
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(loop_module, "grpo_step", crashing)
+
+
+def final_weights(tmp_path, name: str) -> dict[str, torch.Tensor]:
+    return load_file(str(tmp_path / name / "final" / "adapter_model.safetensors"))
