@@ -75,8 +75,8 @@ def load_tokenizer(model_dir: str | Path) -> PreTrainedTokenizerBase:
 
 def attention_implementation(device: torch.device) -> str:
     """``sdpa`` on accelerators; ``eager`` on CPU, where torch's SDPA has no fast bf16 kernel: SmolLM2-135M
-    decoding 32 sequences in bf16 ran at 305 tokens/s eager against 176 with SDPA (and equal in fp32),
-    bench/RESULTS.md."""
+    decoding 32 sequences in bf16 ran at 195 tokens/s eager against 130 with SDPA (and about equal in
+    fp32; bench/decode_cpu.py, bench/RESULTS.md)."""
     return "eager" if device.type == "cpu" else "sdpa"
 
 

@@ -82,7 +82,7 @@ class StageSchedule:
 
     def stage_for_step(self, step: int) -> int:
         """The stage to train step ``step`` (0-based) at; call once per step, in order."""
-        by_fraction = min(self.num_stages - 1, step * self.num_stages // self.max_steps)
+        by_fraction = self._stage_by_fraction(step)
         by_reward = self.stage
         recent = self.stage_rewards[-REWARD_WINDOW:]
         if (self.advance == "reward" and len(recent) == REWARD_WINDOW
@@ -98,13 +98,16 @@ class StageSchedule:
     def plan(self, stage_sizes: list[int]) -> str:
         """The schedule in words for the train log, e.g. "stage 1 (22 questions) steps 1-6, stage 2 (+21
         questions) steps 7-11, ..." (a stage samples from its own questions and every earlier stage's)."""
-        firsts = [next((s for s in range(self.max_steps) if s * self.num_stages // self.max_steps >= k),
-                       self.max_steps) for k in range(self.num_stages)] + [self.max_steps]
+        firsts = [next((s for s in range(self.max_steps) if self._stage_by_fraction(s) >= k), self.max_steps)
+                  for k in range(self.num_stages)] + [self.max_steps]
         parts = [f"stage {k + 1} ({'+' if k else ''}{size} questions) steps {firsts[k] + 1}-{firsts[k + 1]}"
                  for k, size in enumerate(stage_sizes)]
         rule = (f"; a stage ends early once its last {REWARD_WINDOW} steps average reward >= {self.reward_threshold}"
                 if self.advance == "reward" else "")
         return ", ".join(parts) + rule
+
+    def _stage_by_fraction(self, step: int) -> int:
+        return min(self.num_stages - 1, step * self.num_stages // self.max_steps)
 
     def record_reward(self, mean_reward: float) -> None:
         self.stage_rewards.append(mean_reward)
