@@ -1,19 +1,15 @@
 """The fused Triton log-prob/entropy kernel against the obvious PyTorch version, forward and backward,
 with batch > 1, masked positions, a temperature and a vocabulary spanning several kernel blocks.
 
-On a GPU it runs compiled; on CPU under Triton's interpreter (TRITON_INTERPRET=1), which runs the same
-kernel code in numpy, in a subprocess started with that variable.
+On a GPU it runs compiled; on CPU under Triton's interpreter, in a subprocess (tests/kernels/interpreter.py).
 """
 from __future__ import annotations
-
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from grpo.algo.logprobs import naive_token_logprobs_and_entropy
+from tests.kernels.interpreter import kernel_device, run_under_interpreter
 
 pytest.importorskip("triton", reason="triton is not installed")
 
@@ -22,23 +18,11 @@ pytest.importorskip("triton", reason="triton is not installed")
 def kernel():
     import grpo.kernels.logprob_entropy as module
 
-    if torch.cuda.is_available():
-        return module, "cuda"
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("CPU: runs in test_kernel_under_interpreter's subprocess")
-    return module, "cpu"
+    return module, kernel_device()
 
 
 def test_kernel_under_interpreter():
-    """Without a GPU, rerun this module with TRITON_INTERPRET=1 from process start: triton.language's own
-    helpers (tl.max, tl.sum) are jit functions, built as interpreted ones only if triton is imported so."""
-    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
-        pytest.skip("runs the kernels directly here")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                          env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert "3 passed" in done.stdout, done.stdout[-2000:]
+    run_under_interpreter(__file__, passed=3)
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
