@@ -7,8 +7,8 @@ and memory do not depend on the values; nothing can be downloaded on the device 
     python bench/gpu_bench.py report    # one table from the JSONs (with gpu_anchor / trl_anchor ones)
 
 Each part writes ``$OUT/gpu_<part>.json`` (default bench/results/); ``step`` runs the backends named in
-BACKENDS (default triton,torch; one process each gives clean memory figures). QUICK=1 shrinks every
-shape (a smoke test).
+BACKENDS (default triton,torch; one process each gives clean memory figures), with LORA (train.lora_backend,
+default auto) and LORA_PRECISION (the Triton LoRA kernel's ieee or tf32). QUICK=1 shrinks every shape.
 Run from the repository root; the device command used is in bench/RESULTS.md.
 """
 from __future__ import annotations
@@ -136,9 +136,11 @@ def hf_rollout(model, batch: int, new: int, dense: bool) -> dict:
 
     ids = torch.randint(100, 150000, (batch, PROMPT)).cuda()
     with dense_base(model, dense), torch.no_grad():
-        run = lambda n: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
-                                       min_new_tokens=n, do_sample=True, temperature=1.0, top_p=1.0, top_k=None,
-                                       pad_token_id=V - 2, eos_token_id=None)
+        def run(n):
+            return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n,
+                                  min_new_tokens=n, do_sample=True, temperature=1.0, top_p=1.0, top_k=None,
+                                  pad_token_id=V - 2, eos_token_id=None)
+
         run(4)
         out, seconds = timed(lambda: run(new))
     return {"tok_per_s": round((out.shape[1] - PROMPT) * batch / seconds), "s": round(seconds, 2), "new_tokens": new}
@@ -218,7 +220,8 @@ def preset_params(logprob_backend: str):
                        max_response_length=64 if QUICK else 768, generation_batch_size=64,
                        train_batch_size=int(os.environ.get("TRAIN_MB", "4")),
                        rewards={"correctness": 2.0, "integer_answer": 0.5, "tag_count": 1.0},
-                       logprob_backend=logprob_backend, max_steps=10, seed=0)
+                       logprob_backend=logprob_backend, lora_backend=os.environ.get("LORA", "auto"),
+                       max_steps=10, seed=0)
 
 
 def question(words: int, i: int) -> str:
@@ -228,8 +231,6 @@ def question(words: int, i: int) -> str:
 def run_step() -> None:
     import grpo.train.loop as loop
     from grpo.prompts import PromptStyle
-    from grpo.train.loop import TrainPaths, Trainer
-    from grpo.train.step import grpo_step
     from transformers import PreTrainedTokenizerFast
 
     def word_tokenizer(path):  # AutoTokenizer would load a Qwen2 tokenizer for this folder: empty prompts
@@ -244,51 +245,63 @@ def run_step() -> None:
     cap = float(os.environ.get("CAP_GIB", "8"))
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(cap * GIB / total)
-    res: dict = {"cap_GiB": cap, "quick": QUICK}
+    res: dict = {"cap_GiB": cap, "quick": QUICK, "lora_backend": os.environ.get("LORA", "auto")}
+    if os.environ.get("LORA_PRECISION"):  # the Triton LoRA kernel's dot precision (ieee or tf32)
+        import grpo.kernels.lora
+
+        grpo.kernels.lora.DOT_PRECISION = res["lora_precision"] = os.environ["LORA_PRECISION"]
     style = PromptStyle("r1", system_prompt="")
     rows = [{"id": f"q{i}", "source": "bench", "question": question(120, i), "answer": "7",
              "answer_type": "integer", "meta": {}} for i in range(64)]
     for backend in os.environ.get("BACKENDS", "triton,torch").split(","):
-        params = preset_params(backend)
-        tmp = Path(f"/tmp/bench_train_{backend}")
-        paths = TrainPaths(model_dir, tmp / "ckpt", tmp / "final", tmp / "metrics", tmp / "summary.json")
-        torch.cuda.reset_peak_memory_stats()
-        trainer = Trainer(params, style, paths, rows, [], None, "bench")
-        loaded = torch.cuda.memory_allocated()
-        log(res, f"{backend}_loaded_GiB", round(loaded / GIB, 2))
-        phases: dict = {}
-        engine_generate = trainer.engine.generate
-
-        def generate(*args, **kwargs):
-            torch.cuda.reset_peak_memory_stats()
-            out = engine_generate(*args, **kwargs)
-            phases["generate_peak_GiB"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
-            torch.cuda.reset_peak_memory_stats()
-            return out
-
-        trainer.engine.generate = generate
-        steps = []
-        for step in range(2):  # step 0 also compiles the decode step (and Triton kernels): not steady
-            batch_rows = rows[step * params.prompts_per_step:(step + 1) * params.prompts_per_step]
-            (metrics, ro, _), seconds = timed(lambda: grpo_step(trainer.ctx, batch_rows, step))
-            entry = {"s": round(seconds, 2), "generate_s": round(metrics["time_generate_s"], 2),
-                     "train_s": round(metrics.get("time_train_s", 0.0), 2),
-                     "train_peak_GiB": round(torch.cuda.max_memory_allocated() / GIB, 2), **phases,
-                     "rollout_tok_per_s": round(metrics["rollout_tokens_per_s"]),
-                     "response_tokens": sum(len(c.token_ids) for c in ro.completions),
-                     "prompt_tokens": len(ro.completions[0].prompt_ids),
-                     "oom_events": {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("oom_events/")},
-                     "micro_batch": {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("micro_batch/")}}
-            log(res, f"{backend}_step{step}", entry)
-            steps.append(entry)
-        log(res, f"{backend}_steady_s_per_step", steps[-1]["s"])
-        log(res, f"{backend}_microbatch_4x896", microbatch_memory(trainer, loaded))
-        trainer.engine.close()
-        del trainer, generate, engine_generate
+        step_run(backend, model_dir, style, rows, res)
         gc.collect()  # the engine <-> wrapper cycle would keep the first model alive into the next run
         torch.cuda.empty_cache()
-    mb = os.environ.get("TRAIN_MB", "4")
-    save(f"step_{os.environ.get('BACKENDS', 'triton,torch').replace(',', '_')}" + ("" if mb == "4" else f"_mb{mb}"), res)
+    mb, lora = os.environ.get("TRAIN_MB", "4"), os.environ.get("LORA", "auto")
+    save(f"step_{os.environ.get('BACKENDS', 'triton,torch').replace(',', '_')}" + ("" if mb == "4" else f"_mb{mb}")
+         + ("" if lora == "auto" else f"_lora-{lora}"), res)
+
+
+def step_run(backend: str, model_dir: Path, style, rows: list[dict], res: dict) -> None:
+    """Two GRPO steps (the first compiles) of a fresh Trainer with log-prob backend ``backend``."""
+    from grpo.train.loop import TrainPaths, Trainer
+    from grpo.train.step import grpo_step
+
+    params = preset_params(backend)
+    tmp = Path(f"/tmp/bench_train_{backend}")
+    paths = TrainPaths(model_dir, tmp / "ckpt", tmp / "final", tmp / "metrics", tmp / "summary.json")
+    torch.cuda.reset_peak_memory_stats()
+    trainer = Trainer(params, style, paths, rows, [], None, "bench")
+    loaded = torch.cuda.memory_allocated()
+    log(res, f"{backend}_loaded_GiB", round(loaded / GIB, 2))
+    phases: dict = {}
+    engine_generate = trainer.engine.generate
+
+    def generate(*args, **kwargs):
+        torch.cuda.reset_peak_memory_stats()
+        out = engine_generate(*args, **kwargs)
+        phases["generate_peak_GiB"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
+        torch.cuda.reset_peak_memory_stats()
+        return out
+
+    trainer.engine.generate = generate
+    steps = []
+    for step in range(2):  # step 0 also compiles the decode step (and Triton kernels): not steady
+        batch_rows = rows[step * params.prompts_per_step:(step + 1) * params.prompts_per_step]
+        (metrics, ro, _), seconds = timed(lambda: grpo_step(trainer.ctx, batch_rows, step))
+        entry = {"s": round(seconds, 2), "generate_s": round(metrics["time_generate_s"], 2),
+                 "train_s": round(metrics.get("time_train_s", 0.0), 2),
+                 "train_peak_GiB": round(torch.cuda.max_memory_allocated() / GIB, 2), **phases,
+                 "rollout_tok_per_s": round(metrics["rollout_tokens_per_s"]),
+                 "response_tokens": sum(len(c.token_ids) for c in ro.completions),
+                 "prompt_tokens": len(ro.completions[0].prompt_ids),
+                 "oom_events": {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("oom_events/")},
+                 "micro_batch": {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("micro_batch/")}}
+        log(res, f"{backend}_step{step}", entry)
+        steps.append(entry)
+    log(res, f"{backend}_steady_s_per_step", steps[-1]["s"])
+    log(res, f"{backend}_microbatch_4x896", microbatch_memory(trainer, loaded))
+    trainer.engine.close()
 
 
 def microbatch_memory(trainer, loaded: int) -> dict:

@@ -161,6 +161,13 @@ def set_lora_backend(model: nn.Module, backend: str) -> None:
         m.backend = backend
 
 
+def resolve_lora_backend(backend: str, device: torch.device) -> str:
+    """``auto`` -> "triton" on CUDA where triton imports, else "torch"; other values pass through."""
+    if backend != "auto":
+        return backend
+    return "triton" if device.type == "cuda" and fused_lora_supported(torch.empty(0, device=device)) else "torch"
+
+
 @contextmanager
 def lora_disabled(model: nn.Module) -> Iterator[nn.Module]:
     """Run the bare base inside the block: the KL reference without a second copy of the model."""
