@@ -7,8 +7,8 @@ and memory do not depend on the values; nothing can be downloaded on the device 
     python bench/gpu_bench.py report    # one table from the JSONs (with gpu_anchor / trl_anchor ones)
 
 Each part writes ``$OUT/gpu_<part>.json`` (default bench/results/); ``step`` runs the backends named in
-BACKENDS (default triton,torch; one process each gives clean memory figures), with LORA (train.lora_backend,
-default auto) and LORA_PRECISION (the Triton LoRA kernel's ieee or tf32). QUICK=1 shrinks every shape.
+BACKENDS (default triton,torch; one process each gives clean memory figures) with TRAIN_MB sequences per
+training micro-batch (default 4). QUICK=1 shrinks every shape (a smoke test).
 Run from the repository root; the device command used is in bench/RESULTS.md.
 """
 from __future__ import annotations
@@ -220,8 +220,7 @@ def preset_params(logprob_backend: str):
                        max_response_length=64 if QUICK else 768, generation_batch_size=64,
                        train_batch_size=int(os.environ.get("TRAIN_MB", "4")),
                        rewards={"correctness": 2.0, "integer_answer": 0.5, "tag_count": 1.0},
-                       logprob_backend=logprob_backend, lora_backend=os.environ.get("LORA", "auto"),
-                       max_steps=10, seed=0)
+                       logprob_backend=logprob_backend, max_steps=10, seed=0)
 
 
 def question(words: int, i: int) -> str:
@@ -245,11 +244,7 @@ def run_step() -> None:
     cap = float(os.environ.get("CAP_GIB", "8"))
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(cap * GIB / total)
-    res: dict = {"cap_GiB": cap, "quick": QUICK, "lora_backend": os.environ.get("LORA", "auto")}
-    if os.environ.get("LORA_PRECISION"):  # the Triton LoRA kernel's dot precision (ieee or tf32)
-        import grpo.kernels.lora
-
-        grpo.kernels.lora.DOT_PRECISION = res["lora_precision"] = os.environ["LORA_PRECISION"]
+    res: dict = {"cap_GiB": cap, "quick": QUICK}
     style = PromptStyle("r1", system_prompt="")
     rows = [{"id": f"q{i}", "source": "bench", "question": question(120, i), "answer": "7",
              "answer_type": "integer", "meta": {}} for i in range(64)]
@@ -257,9 +252,8 @@ def run_step() -> None:
         step_run(backend, model_dir, style, rows, res)
         gc.collect()  # the engine <-> wrapper cycle would keep the first model alive into the next run
         torch.cuda.empty_cache()
-    mb, lora = os.environ.get("TRAIN_MB", "4"), os.environ.get("LORA", "auto")
-    save(f"step_{os.environ.get('BACKENDS', 'triton,torch').replace(',', '_')}" + ("" if mb == "4" else f"_mb{mb}")
-         + ("" if lora == "auto" else f"_lora-{lora}"), res)
+    mb = os.environ.get("TRAIN_MB", "4")
+    save(f"step_{os.environ.get('BACKENDS', 'triton,torch').replace(',', '_')}" + ("" if mb == "4" else f"_mb{mb}"), res)
 
 
 def step_run(backend: str, model_dir: Path, style, rows: list[dict], res: dict) -> None:

@@ -198,9 +198,6 @@ class TrainParams:
     # per-token log-prob/entropy: fused Triton kernel (grpo/kernels) or chunked PyTorch; auto = the kernel
     # where it runs (CUDA, triton, frozen bf16/fp16 lm_head)
     logprob_backend: str = _check(one_of("auto", "torch", "triton"), default="auto")
-    # the LoRA branch in training: PyTorch (fp32 products) or the fused Triton kernels (grpo/kernels/lora.py);
-    # auto = Triton on CUDA (bench/RESULTS.md, "Triton for LoRA and the loss")
-    lora_backend: str = _check(one_of("auto", "torch", "triton"), default="auto")
     gradient_checkpointing: bool = True
     save_every: int = _check(positive, default=5)
     keep_last: int = _check(positive, default=2)

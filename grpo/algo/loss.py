@@ -47,8 +47,6 @@ from torch import Tensor
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
-METRIC_NAMES = ("clip_frac_low", "clip_frac_high", "clip_frac_region", "ratio_mean", "ratio_min", "ratio_max",
-                "kl_mean", "kept_token_frac")  # LossOutput.metrics, in this order
 
 
 @dataclass
@@ -76,18 +74,6 @@ def loss_normaliser(loss_type: LossType, mask: Tensor, max_completion_length: in
     raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
 
 
-def check_loss_inputs(logprobs: Tensor, advantages: Tensor, mask: Tensor, loss_type: str, beta: float,
-                      ref_logprobs: Tensor | None) -> None:
-    """The argument checks of ``grpo_loss``, shared with the fused kernel (grpo.kernels.grpo_loss)."""
-    if loss_type not in LOSS_TYPES:
-        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
-    if beta > 0 and ref_logprobs is None:
-        raise ValueError("beta > 0 needs ref_logprobs")
-    if logprobs.shape != mask.shape or advantages.shape != logprobs.shape[:1]:
-        raise ValueError(f"logprobs {tuple(logprobs.shape)}, mask {tuple(mask.shape)} and "
-                         f"advantages {tuple(advantages.shape)} disagree")
-
-
 def grpo_loss(
     logprobs: Tensor,
     old_logprobs: Tensor | None,
@@ -112,7 +98,14 @@ def grpo_loss(
     1/n_b turns a dapo token sum into grpo's per-sequence means). ``num_items_in_batch`` overrides
     the normaliser with a step-wide one in the loss type's own unit (``loss_normaliser``).
     """
-    check_loss_inputs(logprobs, advantages, mask, loss_type, beta, ref_logprobs)
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
+    if beta > 0 and ref_logprobs is None:
+        raise ValueError("beta > 0 needs ref_logprobs")
+    if logprobs.shape != mask.shape or advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"logprobs {tuple(logprobs.shape)}, mask {tuple(mask.shape)} and "
+                         f"advantages {tuple(advantages.shape)} disagree")
+
     response = mask.bool()
     policy = response if entropy_keep_mask is None else response & entropy_keep_mask.bool()
     zero = logprobs.new_zeros(())
@@ -164,4 +157,6 @@ def _metrics(ratio: Tensor, advantages: Tensor, response: Tensor, policy: Tensor
         ratio.new_zeros(()) if kl is None else kl.sum() / n_response,  # kl is 0 off the response
         policy.sum() / n_response,
     ]).tolist()  # one device sync for all metrics
-    return dict(zip(METRIC_NAMES, values))
+    names = ("clip_frac_low", "clip_frac_high", "clip_frac_region", "ratio_mean", "ratio_min", "ratio_max",
+             "kl_mean", "kept_token_frac")
+    return dict(zip(names, values))

@@ -8,10 +8,6 @@ A (r x in) starts kaiming-uniform and B (out x r) at zero, so a fresh adapter le
 The LoRA branch always runs in fp32 with fp32 parameters, whatever the base computes in: the optimiser
 then keeps fp32 state and small updates are not rounded away in bf16.
 
-``backend`` picks how the branch runs: "torch" (the reference above) or "triton" (grpo.kernels.lora: the
-same fp32 products fused into two kernels, scale and add folded in), which falls back to torch for
-dropout or tensors off the GPU. ``set_lora_backend`` sets it on every layer of a model.
-
 Adapters stay unmerged while training: the base may be 4-bit, and ``lora_disabled`` needs the bare base
 (the KL reference). ``merge_lora_`` folds adapters into unquantised weights for export only.
 """
@@ -24,8 +20,6 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-from grpo.kernels.lora import fused_lora, fused_lora_supported
 
 # PEFT saves `base_model.model.<module path>.lora_A.weight`; vLLM and the hub expect exactly that.
 PEFT_PREFIX = "base_model.model."
@@ -57,7 +51,6 @@ class LoRALinear(nn.Module):
         self.lora_B = nn.Parameter(torch.zeros(self.out_features, r, dtype=torch.float32, device=device))
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.disabled = False
-        self.backend = "torch"
         self.reset_parameters(generator)
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
@@ -73,8 +66,6 @@ class LoRALinear(nn.Module):
         y = self.base(x)
         if self.disabled:
             return y
-        if self.backend == "triton" and isinstance(self.dropout, nn.Identity) and fused_lora_supported(x):
-            return fused_lora(x, y, self.lora_A, self.lora_B, self.scaling)
         update = F.linear(F.linear(self.dropout(x.float()), self.lora_A), self.lora_B) * self.scaling
         return y + update.to(y.dtype)
 
@@ -83,7 +74,7 @@ class LoRALinear(nn.Module):
         return (self.lora_B @ self.lora_A) * self.scaling
 
     def extra_repr(self) -> str:
-        return f"r={self.r}, scaling={self.scaling:g}, disabled={self.disabled}, backend={self.backend}"
+        return f"r={self.r}, scaling={self.scaling:g}, disabled={self.disabled}"
 
 
 def target_matches(name: str, target: str) -> bool:
@@ -148,24 +139,6 @@ def lora_modules(model: nn.Module) -> dict[str, LoRALinear]:
 def lora_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The trainable parameters: each LoRA layer's A then B, in model order (give these to the optimiser)."""
     return [p for m in lora_modules(model).values() for p in (m.lora_A, m.lora_B)]
-
-
-LORA_BACKENDS = ("torch", "triton")
-
-
-def set_lora_backend(model: nn.Module, backend: str) -> None:
-    """Run every LoRA branch of ``model`` with ``backend`` (one of LORA_BACKENDS)."""
-    if backend not in LORA_BACKENDS:
-        raise ValueError(f"LoRA backend must be one of {LORA_BACKENDS}, got {backend!r}")
-    for m in lora_modules(model).values():
-        m.backend = backend
-
-
-def resolve_lora_backend(backend: str, device: torch.device) -> str:
-    """``auto`` -> "triton" on CUDA where triton imports, else "torch"; other values pass through."""
-    if backend != "auto":
-        return backend
-    return "triton" if device.type == "cuda" and fused_lora_supported(torch.empty(0, device=device)) else "torch"
 
 
 @contextmanager

@@ -29,8 +29,7 @@ from grpo.io import atomic_dir, atomic_write_json, atomic_write_text, write_json
 from grpo.model.adapter import LoraSettings, save_adapter
 from grpo.model.dequant import dense_base
 from grpo.model.loading import load_policy_model, load_tokenizer, resolve_device
-from grpo.model.lora import (inject_lora, load_lora_state_dict, lora_parameters, resolve_lora_backend,
-                             set_lora_backend)
+from grpo.model.lora import inject_lora, load_lora_state_dict, lora_parameters
 from grpo.prompts import PromptStyle
 from grpo.rollout.native import NativeEngine
 from grpo.sent.curriculum import CurriculumSampler, StageSchedule
@@ -103,7 +102,6 @@ class Trainer:
                                  use_rslora=lp.rslora)
         inject_lora(self.model, targets=list(lp.targets), r=lp.r, alpha=lp.alpha, dropout=lp.dropout,
                     use_rslora=lp.rslora, seed=params.seed)
-        set_lora_backend(self.model, resolve_lora_backend(params.lora_backend, self.device))
         self.model.train()
         self.lora_params = lora_parameters(self.model)
         self.optimizer = torch.optim.AdamW(self.lora_params, lr=params.lr, weight_decay=params.weight_decay)
