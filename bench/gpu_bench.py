@@ -2,13 +2,14 @@
 and memory do not depend on the values; nothing can be downloaded on the device machine).
 
     python bench/gpu_bench.py rollout   # fast native rollouts vs generate, tok/s, greedy agreement
-    python bench/gpu_bench.py step      # OUR full GRPO step at the 8 GB preset under an 8 GiB cap
+    python bench/gpu_bench.py step      # OUR full GRPO step with the 8 GB preset under an 8 GiB cap
     python bench/gpu_bench.py kernels   # fused Triton log-prob/entropy vs the PyTorch reference
     python bench/gpu_bench.py report    # one table from the JSONs (with gpu_anchor / trl_anchor ones)
 
 Each part writes ``$OUT/gpu_<part>.json`` (default bench/results/); ``step`` runs the backends named in
-BACKENDS (default triton,torch; one process each gives clean memory figures) with TRAIN_MB sequences per
-training micro-batch (default 4). QUICK=1 shrinks every shape (a smoke test).
+BACKENDS (default triton,torch; one process each gives clean memory figures) on the 8 GB preset's train
+params (presets/rtx3060ti-8gb.yaml; TRAIN_MB and GEN_SEQS override its micro-batches). QUICK=1 shrinks
+every shape (a smoke test).
 Run from the repository root; the device command used is in bench/RESULTS.md.
 """
 from __future__ import annotations
@@ -213,14 +214,22 @@ def run_rollout() -> None:
 
 # --- the GRPO step under 8 GiB ---------------------------------------------------------------
 def preset_params(logprob_backend: str):
-    from grpo.config import LoraParams, TrainParams
+    """presets/rtx3060ti-8gb.yaml's train section as a user gets it (QUICK shrinks it; TRAIN_MB and GEN_SEQS
+    override the micro-batches), with the random model's word tokenizer standing in for the real one."""
+    import dataclasses
 
-    return TrainParams(quantization="nf4", compute_dtype="bfloat16", device="cuda", lora=LoraParams(r=16, alpha=32),
-                       prompts_per_step=4 if QUICK else 16, group_size=4,
-                       max_response_length=64 if QUICK else 768, generation_batch_size=64,
-                       train_batch_size=int(os.environ.get("TRAIN_MB", "4")),
-                       rewards={"correctness": 2.0, "integer_answer": 0.5, "tag_count": 1.0},
-                       logprob_backend=logprob_backend, max_steps=10, seed=0)
+    import yaml
+    from grpo.config import parse_section
+
+    raw = yaml.safe_load((Path(__file__).resolve().parent.parent / "presets" / "rtx3060ti-8gb.yaml").read_text())
+    params = parse_section("train", raw["train"])
+    overrides = {"logprob_backend": logprob_backend, "max_steps": 10}
+    if QUICK:
+        overrides.update(prompts_per_step=4, max_response_length=64)
+    for env, key in (("TRAIN_MB", "train_batch_size"), ("GEN_SEQS", "generation_batch_size")):
+        if env in os.environ:
+            overrides[key] = int(os.environ[env])
+    return dataclasses.replace(params, **overrides)
 
 
 def question(words: int, i: int) -> str:
@@ -252,8 +261,8 @@ def run_step() -> None:
         step_run(backend, model_dir, style, rows, res)
         gc.collect()  # the engine <-> wrapper cycle would keep the first model alive into the next run
         torch.cuda.empty_cache()
-    mb = os.environ.get("TRAIN_MB", "4")
-    save(f"step_{os.environ.get('BACKENDS', 'triton,torch').replace(',', '_')}" + ("" if mb == "4" else f"_mb{mb}"), res)
+    save(f"step_{os.environ.get('BACKENDS', 'triton,torch').replace(',', '_')}_preset"
+         + "".join(f"_{env.lower()}{os.environ[env]}" for env in ("TRAIN_MB", "GEN_SEQS") if env in os.environ), res)
 
 
 def step_run(backend: str, model_dir: Path, style, rows: list[dict], res: dict) -> None:

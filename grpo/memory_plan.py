@@ -5,14 +5,21 @@ the two a GRPO step alternates between, and everything that stays resident count
 
 - resident: the frozen base (nf4 linear weights at 4.125 bits with double quantisation, embeddings and
   LM head in the compute dtype; or every weight in the compute dtype), the dense copy of the 4-bit
-  linear weights that ``train.dense_generation`` caches, and the LoRA parameters with their fp32
-  gradients and AdamW moments (16 bytes a parameter, grpo/model/lora.py keeps LoRA in fp32);
-- generation: the KV cache of ``generation_batch_size`` sequences of prompt + response tokens, plus the
-  last-step logits (model dtype, then fp32 for sampling);
+  linear weights that ``train.dense_generation`` caches for HF ``generate``, and the LoRA parameters
+  with their fp32 gradients and AdamW moments (16 bytes a parameter, grpo/model/lora.py keeps LoRA in fp32);
+- generation: the KV cache of ``generation_batch_size`` sequences of prompt + response tokens, the
+  last-step logits (model dtype, then fp32 for sampling) and the prompt pass (prefill: the MLP's three
+  intermediates and the attention scores over the cache for every prompt token). On CUDA the static
+  decoder (grpo/rollout/static_decode.py) also holds ``decoder_copy`` while it generates: the dense
+  copy of the 4-bit linear weights, q/k/v concatenated, and o_proj with LoRA merged; it frees them
+  before training;
 - training: one micro-batch of ``train_batch_size`` sequences: with gradient checkpointing each layer's
   input is kept and one layer's activations are live at a time (without it, every layer's are);
   attention is assumed memory-efficient (no T x T scores); log-probs come from ``logprob_chunk_size``
-  tokens of fp32 logits at a time (grpo/algo/logprobs.py; about 3 such buffers live).
+  tokens of logits at a time: one buffer in the compute dtype with the fused Triton kernel on CUDA
+  (grpo/kernels), about three fp32 ones with the PyTorch path (grpo/algo/logprobs.py).
+
+bench/RESULTS.md compares the plan with the peaks measured at the 8 GB preset's shape on an H200.
 
 Biases and norm weights (well under 1% of a model) are left out. It is a planning estimate, not a
 measurement: allocator fragmentation and kernels' workspaces come on top (the check adds a fixed
@@ -25,6 +32,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from grpo.config import TrainParams
+from grpo.rollout.static_decode import CACHE_BUCKET
 
 GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -98,8 +106,10 @@ class MemoryPlan:
     base_weights: int
     dense_copy: int
     lora_and_optimizer: int
+    decoder_copy: int
     kv_cache: int
     sampling_logits: int
+    prefill: int
     activations: int
     logprob_logits: int
     runtime: int
@@ -110,7 +120,7 @@ class MemoryPlan:
 
     @property
     def generation_peak(self) -> int:
-        return self.resident + self.kv_cache + self.sampling_logits
+        return self.resident + self.decoder_copy + self.kv_cache + self.sampling_logits + self.prefill
 
     @property
     def training_peak(self) -> int:
@@ -132,27 +142,42 @@ def lora_params(arch: Arch, r: int, targets: list[str]) -> int:
 def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens: int, cuda: bool) -> MemoryPlan:
     """Estimate each component for params ``p`` with the resolved ``compute_dtype`` (not ``auto``)."""
     dt = DTYPE_BYTES[compute_dtype]
-    if p.quantization == "nf4":
+    shapes = arch.linear_shapes()
+    static = cuda and p.generation_backend in ("auto", "static")  # the static decoder, as NativeEngine picks it
+    quantised = p.quantization == "nf4"
+    if quantised:
         base = int(arch.linear_params * NF4_BYTES_PER_PARAM) + arch.embedding_params * dt
-        dense = arch.linear_params * dt if p.dense_generation else 0
     else:
-        base, dense = (arch.linear_params + arch.embedding_params) * dt, 0
+        base = (arch.linear_params + arch.embedding_params) * dt
+    dense = arch.linear_params * dt if quantised and p.dense_generation and not static else 0
+    decoder = 0
+    if static:
+        qkv = sum(a * b for name, (a, b) in shapes.items() if name in ("q_proj", "k_proj", "v_proj"))
+        merged_o = p.generation_merge_lora and "o_proj" in p.lora.targets
+        per_layer = qkv + (shapes["o_proj"][0] * shapes["o_proj"][1] if merged_o else 0)
+        decoder = (arch.linear_params if quantised else 0) * dt + arch.num_hidden_layers * per_layer * dt
     lora = lora_params(arch, p.lora.r, list(p.lora.targets)) * 16
     tokens = prompt_tokens + max(p.max_response_length, p.val_max_new_tokens)
+    if static:  # the static cache is allocated whole, rounded up to its bucket
+        tokens = -(-tokens // CACHE_BUCKET) * CACHE_BUCKET
     kv_per_token = 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * dt
     kv = p.generation_batch_size * tokens * kv_per_token
     sampling = p.generation_batch_size * arch.vocab_size * (dt + 4)
+    prefill = p.generation_batch_size * prompt_tokens * (
+        3 * arch.intermediate_size + arch.num_attention_heads * tokens) * dt
     bt = p.train_batch_size * (prompt_tokens + p.max_response_length)
-    shapes = arch.linear_shapes()
     # one layer's live activations: norms' outputs, q/k/v/attention output, the MLP's gate, up and product,
-    # and the fp32 inputs the LoRA branches save
+    # and the fp32 inputs the LoRA branches save; in backward, twice that (the recomputed layer and its
+    # gradients), which is the peak
     q_width = arch.num_attention_heads * arch.head_dim
     kv_width = arch.num_key_value_heads * arch.head_dim
     layer = bt * ((2 * arch.hidden_size + 2 * q_width + 2 * kv_width + 3 * arch.intermediate_size) * dt
                   + sum(shapes[t][0] for t in p.lora.targets) * 4)
     if p.gradient_checkpointing:
-        activations = arch.num_hidden_layers * bt * arch.hidden_size * dt + layer
+        activations = arch.num_hidden_layers * bt * arch.hidden_size * dt + 2 * layer
     else:
         activations = arch.num_hidden_layers * layer
-    logits = 3 * min(p.logprob_chunk_size, bt) * arch.vocab_size * 4
-    return MemoryPlan(base, dense, lora, kv, sampling, activations, logits, CUDA_RUNTIME_BYTES if cuda else 0)
+    fused = cuda and p.logprob_backend in ("auto", "triton") and dt == 2  # the Triton kernel's dtypes
+    logits = min(p.logprob_chunk_size, bt) * arch.vocab_size * (dt if fused else 3 * 4)
+    return MemoryPlan(base, dense, lora, decoder, kv, sampling, prefill, activations, logits,
+                      CUDA_RUNTIME_BYTES if cuda else 0)

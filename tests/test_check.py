@@ -9,7 +9,7 @@ import os
 import pytest
 
 from grpo.config import LoraParams, TrainParams
-from grpo.memory_plan import Arch, lora_params, plan_memory, resolve_arch
+from grpo.memory_plan import GIB, Arch, lora_params, plan_memory, resolve_arch
 from tests.conftest import ROOT
 
 ARCH = Arch(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -30,13 +30,47 @@ def test_plan_matches_a_hand_calculation():
     # KV: 8 sequences * (10 prompt + max(20, 30) tokens) * (2 (k,v) * 2 layers * 2 kv heads * 16 dims * 2 bytes)
     assert plan.kv_cache == 8 * 40 * 256
     assert plan.sampling_logits == 8 * 1000 * (2 + 4)
-    # 2 sequences * 30 tokens = 60: layer inputs 2 layers * 60 * 64 * 2 bytes, plus one layer's live set
-    # 60 * ((2*64 + 2*64 + 2*32 + 3*128) * 2 bytes + (64 + 64) LoRA inputs * 4 bytes)
-    assert plan.activations == 15360 + 60 * (1408 + 512)
-    assert plan.logprob_logits == 3 * 60 * 1000 * 4  # 60 tokens < chunk 1024
-    assert plan.runtime == 0
-    assert plan.generation_peak == 294034 + 147456 + 28672 + 81920 + 48000
-    assert plan.peak == plan.training_peak == 294034 + 147456 + 28672 + 130560 + 720000
+    # prefill: 8 sequences * 10 prompt tokens * (3 * 128 MLP intermediates + 4 heads * 40 cache positions) * 2 bytes
+    assert plan.prefill == 80 * 544 * 2
+    # 2 sequences * 30 tokens = 60: layer inputs 2 layers * 60 * 64 * 2 bytes, plus twice one layer's live set
+    # (backward: the recomputed layer and its gradients), 60 * ((2*64 + 2*64 + 2*32 + 3*128) * 2 + (64 + 64) * 4)
+    assert plan.activations == 15360 + 2 * 60 * (1408 + 512)
+    assert plan.logprob_logits == 3 * 60 * 1000 * 4  # 60 tokens < chunk 1024; three fp32 buffers off CUDA
+    assert plan.decoder_copy == 0 and plan.runtime == 0
+    assert plan.generation_peak == 294034 + 147456 + 28672 + 81920 + 48000 + 87040
+    assert plan.peak == plan.training_peak == 294034 + 147456 + 28672 + 245760 + 720000
+
+
+def test_cuda_plan_has_the_static_decoder_and_the_fused_logprob_kernel():
+    plan = plan_memory(ARCH, PARAMS, compute_dtype="bfloat16", prompt_tokens=10, cuda=True)
+    # the static decoder de-quantises every linear weight (73728 * 2 bytes) and concatenates q/k/v
+    # (64*64 + 2 * 64*32 = 8192 a layer, 2 layers); o_proj is no LoRA target here, so nothing is merged there
+    assert plan.decoder_copy == 73728 * 2 + 2 * 8192 * 2
+    assert plan.dense_copy == 0  # generate's cached copy is not used, and the decoder frees its own
+    assert plan.kv_cache == 8 * 128 * 256  # 40 tokens, the static cache rounded up to its 128-token bucket
+    assert plan.logprob_logits == 60 * 1000 * 2  # one bf16 buffer in the Triton kernel
+    with_o = plan_memory(ARCH, dataclasses.replace(PARAMS, lora=LoraParams(r=4, targets=["q_proj", "o_proj"])),
+                         compute_dtype="bfloat16", prompt_tokens=10, cuda=True)
+    assert with_o.decoder_copy == plan.decoder_copy + 2 * 64 * 64 * 2  # o_proj with LoRA merged, a layer each
+    hf = plan_memory(ARCH, dataclasses.replace(PARAMS, generation_backend="hf", logprob_backend="torch"),
+                     compute_dtype="bfloat16", prompt_tokens=10, cuda=True)
+    assert hf.decoder_copy == 0 and hf.dense_copy == 73728 * 2 and hf.logprob_logits == 3 * 60 * 1000 * 4
+
+
+@pytest.mark.parametrize("measured", ["gpu_step_triton_lora-torch.json", "gpu_step_triton_mb8.json",
+                                      "gpu_step_triton_mb16_lora-torch.json"])
+def test_plan_bounds_the_peaks_measured_on_the_h200(measured):
+    """bench/gpu_bench.py step recorded allocator peaks of a real GRPO step at the 8 GB preset's shape
+    (R1-Distill-1.5B, nf4, LoRA r16, 64 x 768-token rollouts, micro-batches of 4/8/16): the plan must not
+    promise less, and may over-estimate by at most its runtime allowance (CUDA context, workspaces) + 0.6 GiB."""
+    record = json.loads((ROOT / "bench" / "results" / measured).read_text())["triton_step1"]
+    params = TrainParams(quantization="nf4", lora=LoraParams(r=16, alpha=32), generation_batch_size=64,
+                         max_response_length=768, train_batch_size=int(record["micro_batch"]["train"]))
+    arch = resolve_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
+    plan = plan_memory(arch, params, compute_dtype="bfloat16", prompt_tokens=record["prompt_tokens"], cuda=True)
+    for phase, peak in (("generate", plan.generation_peak), ("train", plan.training_peak)):
+        measured_bytes = record[f"{phase}_peak_GiB"] * GIB
+        assert measured_bytes <= peak <= measured_bytes + plan.runtime + 0.6 * GIB, (phase, peak / GIB)
 
 
 def test_options_change_only_their_component():

@@ -26,7 +26,7 @@ def test_rtx3060ti_preset_is_the_8gb_recipe():
     assert p["model"].source == "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B" and p["prompt"].style == "r1"
     assert (t.quantization, t.group_size, t.max_response_length, t.lora.r) == ("nf4", 4, 768, 16)
     assert sorted(t.lora.targets) == ["k_proj", "o_proj", "q_proj", "v_proj"]
-    assert t.prompts_per_step * t.group_size // t.train_batch_size == 16  # gradient-accumulation micro-batches
+    assert t.prompts_per_step * t.group_size // t.train_batch_size == 4  # gradient-accumulation micro-batches
     assert "r1_format" in t.rewards and "correctness" in t.rewards
 
 

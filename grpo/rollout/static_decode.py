@@ -32,6 +32,8 @@ from torch import Tensor
 from grpo.model.dequant import _dense_weight, _linear4bit_modules, drop_dense_copies
 from grpo.model.lora import LoRALinear
 
+CACHE_BUCKET = 128  # KV cache lengths are multiples of this: one captured graph (and compile) per bucket
+
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral", "qwen3")
 
 
@@ -122,7 +124,7 @@ class StaticDecoder:
     decode step is launch-bound even inside a CUDA graph."""
 
     def __init__(self, model: torch.nn.Module, *, merge_lora: bool = True, cuda_graphs: bool | None = None,
-                 compile: bool | None = None, bucket: int = 128, sync_every: int = 32) -> None:
+                 compile: bool | None = None, bucket: int = CACHE_BUCKET, sync_every: int = 32) -> None:
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"StaticDecoder cannot run this model: {reason}")
