@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 
 
-def _linear4bit_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+def linear4bit_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every bitsandbytes 4-bit linear layer of ``model`` (none without bitsandbytes)."""
     try:
         import bitsandbytes as bnb
     except ImportError:  # no bitsandbytes (e.g. ROCm): nothing is quantised
@@ -25,7 +26,9 @@ def _linear4bit_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
 
 
-def _dense_weight(module: torch.nn.Module) -> torch.Tensor:
+def dense_weight(module: torch.nn.Module) -> torch.Tensor:
+    """The de-quantised weight of a 4-bit layer in its compute dtype, cached on the module until
+    ``drop_dense_copies``."""
     cached = getattr(module, "_dense_weight", None)
     if cached is None:
         import bitsandbytes.functional as bnbf
@@ -37,7 +40,7 @@ def _dense_weight(module: torch.nn.Module) -> torch.Tensor:
 
 
 def _dense_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
-    weight = _dense_weight(module)
+    weight = dense_weight(module)
     bias = None if module.bias is None else module.bias.to(weight.dtype)
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
@@ -45,7 +48,7 @@ def _dense_forward(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 @contextmanager
 def dense_base(model: torch.nn.Module, enabled: bool = True) -> Iterator[int]:
     """Run the model's 4-bit layers densely inside the block; yields how many layers were switched."""
-    modules = _linear4bit_modules(model) if enabled else []
+    modules = linear4bit_modules(model) if enabled else []
     for m in modules:
         m.forward = _dense_forward.__get__(m)  # an instance attribute shadows the class's forward
     try:
@@ -59,7 +62,7 @@ def drop_dense_copies(model: torch.nn.Module) -> int:
     """Free the cached dense copies (they are rebuilt on next use); returns how many were dropped.
     Lets a training step give the copy's memory (~2.9 GiB at 1.5B) back between rollouts."""
     dropped = 0
-    for m in _linear4bit_modules(model):
+    for m in linear4bit_modules(model):
         if getattr(m, "_dense_weight", None) is not None:
             del m._dense_weight
             dropped += 1

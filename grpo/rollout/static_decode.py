@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from grpo.model.dequant import _dense_weight, _linear4bit_modules, drop_dense_copies
+from grpo.model.dequant import dense_weight, drop_dense_copies, linear4bit_modules
 from grpo.model.lora import LoRALinear
 
 CACHE_BUCKET = 128  # KV cache lengths are multiples of this: one captured graph (and compile) per bucket
@@ -41,7 +41,7 @@ def _dense(module: torch.nn.Module, quantised: set[int], dtype: torch.dtype) -> 
     """The frozen base weight of a linear layer in the compute dtype (4-bit: the cached dense copy)."""
     base = module.base if isinstance(module, LoRALinear) else module
     if id(base) in quantised:
-        return _dense_weight(base)
+        return dense_weight(base)
     return base.weight if base.weight.dtype == dtype else base.weight.to(dtype)
 
 
@@ -139,7 +139,7 @@ class StaticDecoder:
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.cfg = (self.n_heads, self.n_kv, self.head_dim, float(cfg.rms_norm_eps))
-        self._quantised = {id(m) for m in _linear4bit_modules(model)}
+        self._quantised = {id(m) for m in linear4bit_modules(model)}
         self.dtype = self._compute_dtype()
         use_compile = on_gpu if compile is None else compile
         if use_compile:

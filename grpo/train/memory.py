@@ -64,7 +64,8 @@ def free_memory() -> None:
 
 @dataclass
 class AdaptiveBatchSize:
-    """One phase's micro-batch size: halves on OOM, doubles back after ``grow_after`` clean steps."""
+    """One phase's micro-batch size: halves on OOM, doubles back after ``grow_after`` clean calls of
+    ``run_in_micro_batches`` (one per step and phase; μ per step for training with num_iterations μ)."""
 
     phase: str
     maximum: int
