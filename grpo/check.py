@@ -73,11 +73,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'peak: training':<20} {plan.training_peak / GIB:8.2f}")
     source = f"--budget-gib {args.budget_gib:g}" if args.budget_gib is not None else "the device"
     if plan.peak > budget:
-        worst = sorted(plan.rows(), key=lambda kv: -kv[1])[:3]
-        print(f"error: the plan needs {plan.peak / GIB:.2f} GiB but {source} has {budget / GIB:.2f} GiB; largest: "
-              + ", ".join(f"{k} {v / GIB:.2f}" for k, v in worst)
-              + ". Lower train.generation_batch_size, train.train_batch_size or max_response_length, "
-                "use quantization nf4, or set dense_generation false.", file=sys.stderr)
+        phase = "generation" if plan.generation_peak >= plan.training_peak else "training"
+        worst = sorted(plan.phase_rows(phase), key=lambda kv: -kv[1])[:3]
+        knob = "train.generation_batch_size" if phase == "generation" else "train.train_batch_size"
+        print(f"error: the {phase} phase needs {plan.peak / GIB:.2f} GiB but {source} has {budget / GIB:.2f} GiB; "
+              "largest: " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in worst)
+              + f". Lower {knob} or train.max_response_length, use quantization nf4, or set dense_generation false.",
+              file=sys.stderr)
         return 1
     print(f"fits: peak {plan.peak / GIB:.2f} GiB of {budget / GIB:.2f} GiB ({source})")
     return 0

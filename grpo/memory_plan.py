@@ -133,6 +133,15 @@ class MemoryPlan:
     def rows(self) -> list[tuple[str, int]]:
         return [(f.name, getattr(self, f.name)) for f in fields(self)]
 
+    def phase_rows(self, phase: str) -> list[tuple[str, int]]:
+        """The components that count in ``phase`` ("generation" or "training")."""
+        other = TRAINING_ONLY if phase == "generation" else GENERATION_ONLY
+        return [(name, value) for name, value in self.rows() if name not in other]
+
+
+GENERATION_ONLY = ("decoder_copy", "kv_cache", "sampling_logits", "prefill")
+TRAINING_ONLY = ("activations", "logprob_logits")
+
 
 def lora_params(arch: Arch, r: int, targets: list[str]) -> int:
     shapes = arch.linear_shapes()

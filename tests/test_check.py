@@ -150,8 +150,21 @@ def test_check_prints_device_versions_and_plan_and_fits(capsys):
 def test_check_fails_clearly_when_the_plan_does_not_fit(capsys):
     code, out, err = check(capsys, "--params", "presets/rocm-bf16-llama8b.yaml", "--budget-gib", "8")
     assert code == 1
-    assert "error: the plan needs" in err and "--budget-gib 8 has 8.00 GiB" in err
-    assert "base_weights" in err  # names the largest items
+    # the bf16 8B base alone is 15 GiB; generation (with the decoder's q/k/v copy and the KV cache) is the peak
+    assert "error: the generation phase needs" in err and "--budget-gib 8 has 8.00 GiB" in err
+    assert "base_weights" in err and "train.generation_batch_size" in err  # the phase's largest items, its knob
+
+
+def test_check_names_the_generation_phase_when_rollouts_do_not_fit(capsys, tmp_path):
+    """64 sequences a call of 768 tokens with 1,024-token prompts: the static decoder's copy and the KV
+    cache, not training, break an 8 GiB card; the message must point at the generation batch."""
+    raw = (ROOT / "presets" / "rtx3060ti-8gb.yaml").read_text()
+    params = tmp_path / "params.yaml"
+    params.write_text(raw.replace("generation_batch_size: 32", "generation_batch_size: 64"))
+    code, out, err = check(capsys, "--params", str(params), "--budget-gib", "8", "--prompt-tokens", "1024")
+    assert code == 1
+    assert "error: the generation phase needs" in err and "train.generation_batch_size" in err
+    assert "decoder_copy" in err and "kv_cache" in err and "activations" not in err
 
 
 def test_check_bad_params_and_missing_gpu_exit_2(capsys, tmp_path):
