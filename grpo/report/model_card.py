@@ -16,7 +16,8 @@ from grpo.config import ProtocolParams
 from grpo.data.registry import REGISTRY
 from grpo.prompts import R1_INSTRUCTION, PromptStyle
 from grpo.report import ReportInputs, base_model_name, fmt, fmt_param
-from grpo.report.markdown import Block, Bullets, Code, Heading, Para, Table, eval_table, to_markdown
+from grpo.report.markdown import eval_table
+from grpo.report.render import Block, Bullets, Code, Heading, Para, Table, to_markdown
 
 TAGS = ["grpo", "lora", "reasoning", "dvc"]
 

@@ -8,7 +8,7 @@ import pandas as pd
 from grpo.config import SECTIONS, parse_section
 from grpo.report import UNSET, ParamChange, params_changes
 from grpo.report.figures import benchmark_bars, entropy_curve, reward_curves, sent_histograms, validation_curve
-from grpo.report.markdown import Code, Heading, Image, Para, Table, to_html, to_markdown
+from grpo.report.render import Code, Heading, Image, Para, Table, to_html, to_markdown
 
 
 def validated(**raw: dict) -> dict:
