@@ -186,7 +186,7 @@ class Trainer:
             metrics.update(step=self.step, curriculum_stage=stage)
             self.history.append(metrics)
             bar.update(1)
-            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", stage=stage)
+            bar.set_postfix(reward=f"{metrics['reward_mean']:.3f}", stage=f"{stage + 1}/{self.schedule.num_stages}")
             log.info("step %d stage %d/%d reward %.3f %s", self.step, stage + 1, self.schedule.num_stages,
                      metrics["reward_mean"], " ".join(f"{k.split('/')[1]}={v:.3f}" for k, v in metrics.items()
                                                       if k.startswith("reward/")))
