@@ -5,10 +5,10 @@ and memory do not depend on the values; nothing can be downloaded on the device 
     python bench/gpu_bench.py step      # OUR full GRPO step with the 8 GB preset under an 8 GiB cap
     python bench/gpu_bench.py kernels   # fused Triton log-prob/entropy vs the PyTorch reference
 
-Each part writes ``$OUT/gpu_<part>.json`` (default bench/results/; bench/gpu_report.py tabulates them); ``step`` runs the backends named in
-BACKENDS (default triton,torch; one process each gives clean memory figures) on the 8 GB preset's train
-params (presets/rtx3060ti-8gb.yaml; TRAIN_MB and GEN_SEQS override its micro-batches). QUICK=1 shrinks
-every shape (a smoke test).
+Each part writes ``$OUT/gpu_<part>.json`` (default bench/results/; bench/gpu_report.py tabulates them).
+``step`` runs the backends named in BACKENDS (default triton,torch; one process each gives clean memory
+figures) on the 8 GB preset's train params (presets/rtx3060ti-8gb.yaml; TRAIN_MB and GEN_SEQS override
+its micro-batches). QUICK=1 shrinks every shape (a smoke test).
 Run from the repository root; the device command used is in bench/RESULTS.md.
 """
 from __future__ import annotations

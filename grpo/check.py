@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  {'peak: training':<20} {plan.training_peak / GIB:8.2f}")
     source = f"--budget-gib {args.budget_gib:g}" if args.budget_gib is not None else "the device"
     if plan.peak > budget:
-        phase = "generation" if plan.generation_peak >= plan.training_peak else "training"
+        phase = plan.peak_phase
         worst = sorted(plan.phase_rows(phase), key=lambda kv: -kv[1])[:3]
         knob = "train.generation_batch_size" if phase == "generation" else "train.train_batch_size"
         print(f"error: the {phase} phase needs {plan.peak / GIB:.2f} GiB but {source} has {budget / GIB:.2f} GiB; "

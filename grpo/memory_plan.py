@@ -115,16 +115,17 @@ class MemoryPlan:
     runtime: int
 
     @property
-    def resident(self) -> int:
-        return self.base_weights + self.dense_copy + self.lora_and_optimizer + self.runtime
-
-    @property
     def generation_peak(self) -> int:
-        return self.resident + self.decoder_copy + self.kv_cache + self.sampling_logits + self.prefill
+        return sum(value for _, value in self.phase_rows("generation"))
 
     @property
     def training_peak(self) -> int:
-        return self.resident + self.activations + self.logprob_logits
+        return sum(value for _, value in self.phase_rows("training"))
+
+    @property
+    def peak_phase(self) -> str:
+        """The phase whose peak is the plan's peak."""
+        return "generation" if self.generation_peak >= self.training_peak else "training"
 
     @property
     def peak(self) -> int:
@@ -134,10 +135,10 @@ class MemoryPlan:
         return [(f.name, getattr(self, f.name)) for f in fields(self)]
 
     def phase_rows(self, phase: str) -> list[tuple[str, int]]:
-        """The components that count in ``phase`` ("generation" or "training")."""
+        """The components that count in ``phase`` ("generation" or "training"): everything resident
+        (weights, copies, LoRA state, runtime) plus the phase's own."""
         other = TRAINING_ONLY if phase == "generation" else GENERATION_ONLY
         return [(name, value) for name, value in self.rows() if name not in other]
-
 
 GENERATION_ONLY = ("decoder_copy", "kv_cache", "sampling_logits", "prefill")
 TRAINING_ONLY = ("activations", "logprob_logits")
