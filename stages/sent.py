@@ -12,7 +12,7 @@ from grpo.cli import run_stage
 from grpo.io import read_jsonl
 from grpo.model.loading import load_tokenizer
 from grpo.prompts import PromptStyle
-from grpo.rollout.base import SamplingParams, make_engine, vllm_importable
+from grpo.rollout.base import SamplingParams, make_engine, resolve_dtype_name, resolve_engine_kind
 from grpo.sent.curriculum import build_curriculum
 from grpo.sent.outputs import write_disabled, write_outputs
 from grpo.sent.scoring import max_sequence_length, scorer_fingerprint, score_questions
@@ -36,15 +36,15 @@ def main(params, args) -> None:
     style = PromptStyle(pr.style, pr.system_prompt, pr.prefill)
     sampling = SamplingParams(n=s.M, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                               max_new_tokens=s.max_new_tokens, seed=s.seed)
-    kind = s.engine if s.engine != "auto" else ("vllm" if vllm_importable() else "native")
+    kind, dtype = resolve_engine_kind(s.engine), resolve_dtype_name(s.dtype)
     tokenizer = load_tokenizer(BASE)
     # native: one question batch (batch_size questions × M samples) is one generate() batch
-    engine = make_engine(kind, model_dir=BASE, dtype=s.dtype, batch_size=s.batch_size * s.M, seed=s.seed,
+    engine = make_engine(kind, model_dir=BASE, dtype=dtype, batch_size=s.batch_size * s.M, seed=s.seed,
                          max_model_len=max_sequence_length(tokenizer, rows, style, s.max_new_tokens))
     try:
         run = score_questions(engine, tokenizer, rows, style, sampling, batch_size=s.batch_size,
                               progress_path=PROGRESS, save_every=s.save_every,
-                              fingerprint=scorer_fingerprint(BASE, f"{kind}/{s.dtype}"), no_answer_cluster=s.no_answer_cluster)
+                              fingerprint=scorer_fingerprint(BASE, f"{kind}/{dtype}"), no_answer_cluster=s.no_answer_cluster)
     finally:
         engine.close()
     curriculum = build_curriculum(run.scores, s.num_stages, drop_all_correct=s.drop_all_correct,

@@ -28,6 +28,7 @@ from grpo.faults import kill_point
 from grpo.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout import GenerationEngine, SamplingParams, make_engine
+from grpo.rollout.base import resolve_engine_kind
 from grpo.verify import answers_equivalent, extract_answer, is_equivalent
 
 log = logging.getLogger(__name__)
@@ -128,10 +129,13 @@ def run_evaluation(model: str, benchmark: str, params: EvaluateParams, style: Pr
     from grpo.model.loading import load_tokenizer  # imports torch: here, so eval_summary stays light
 
     tokenizer = load_tokenizer(paths.base_model)
-    engine = make_engine(params.engine, model_dir=paths.base_model, dtype=params.dtype, batch_size=params.batch_size,
+    # one engine kind for base, final and best (the stage serves adapters), so that a difference
+    # between models is never a difference between engines
+    kind = resolve_engine_kind(params.engine, serves_adapters=True)
+    engine = make_engine(kind, model_dir=paths.base_model, dtype=params.dtype, batch_size=params.batch_size,
                          max_model_len=_max_model_len(tokenizer, rows, protocol, style),
                          enable_lora=adapter_dir is not None, max_lora_rank=_max_lora_rank(adapter_dir),
-                         seed=params.seed)
+                         seed=params.seed, adapter_dir=adapter_dir)
     try:
         log.info("evaluating %s on %s: %d questions x %d samples, temperature %s, up to %d new tokens",
                  model, benchmark, len(rows), protocol.n, protocol.temperature, protocol.max_new_tokens)

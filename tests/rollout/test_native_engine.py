@@ -14,6 +14,7 @@ from grpo.model.lora import inject_lora, lora_modules, lora_parameters
 from grpo.prompts import PromptStyle, build_prompt
 from grpo.rollout import SamplingParams, make_engine
 from grpo.rollout.base import stop_token_ids
+from grpo.rollout import native
 from grpo.rollout.native import NativeEngine
 
 QUESTIONS = [
@@ -229,3 +230,23 @@ def test_auto_falls_back_to_native_without_vllm(tiny_model_dir, monkeypatch):
     monkeypatch.setattr("grpo.rollout.base.vllm_importable", lambda: False)
     engine = make_engine("auto", model_dir=tiny_model_dir, dtype="float32", batch_size=2)
     assert isinstance(engine, NativeEngine) and engine.batch_size == 2
+
+
+def test_engine_built_for_an_adapter_loads_the_base_once(tiny_model_dir, tokenizer, prompts, tmp_path, monkeypatch):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    settings = LoraSettings(r=4, alpha=8, targets=("q_proj", "v_proj"))
+    inject_lora(model, targets=list(settings.targets), r=settings.r, alpha=settings.alpha)
+    torch.manual_seed(1)
+    for m in lora_modules(model).values():
+        torch.nn.init.normal_(m.lora_B, std=1.0)
+    adapter = str(save_adapter(model, tmp_path / "adapter", base_model_name_or_path="tiny", lora_config=settings))
+    params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    expected = [g[0].token_ids for g in NativeEngine(model.eval(), tokenizer, batch_size=4).generate(prompts, params)]
+
+    loads = []
+    real_load = native.load_policy_model
+    monkeypatch.setattr(native, "load_policy_model", lambda *a, **k: loads.append(a) or real_load(*a, **k))
+    engine = make_engine("native", model_dir=tiny_model_dir, dtype="float32", batch_size=4, adapter_dir=adapter)
+    assert [g[0].token_ids for g in engine.generate(prompts, params, adapter_dir=adapter)] == expected
+    assert len(loads) == 1
+    engine.close()
