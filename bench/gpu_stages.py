@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import importlib.util
 import json
 import os
 import platform
@@ -55,6 +56,9 @@ SMOKE_SETTINGS = {"prepare.max_train": 8, "prepare.max_val": 2, "train.max_steps
                   "train.prompts_per_step": 4, "train.generation_batch_size": 16, "train.train_batch_size": 8,
                   **{f"evaluate.benchmarks.{b}.max_new_tokens": 8 for b in BENCHMARKS}}
 GIB = 2**30
+# what the stages import beyond torch, transformers, bitsandbytes and triton (sent draws a histogram;
+# math500/aime24 answers are checked with math-verify): a missing one fails its stages, so it is named first
+NEEDED_MODULES = ("yaml", "tqdm", "numpy", "safetensors", "tokenizers", "bitsandbytes", "matplotlib", "math_verify")
 
 
 def set_key(raw: dict, key: str, value) -> None:
@@ -225,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     logs = out / f"{args.name}_logs"
     logs.mkdir(parents=True, exist_ok=True)
     cap = None if args.smoke else args.cap_gib
-    results: dict = {"environment": environment(args.smoke, cap), "stages": []}
+    results: dict = {"environment": environment(args.smoke, cap), "stages": [],
+                     "missing_modules": [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None]}
+    if results["missing_modules"]:
+        print(f"warning: not installed here: {', '.join(results['missing_modules'])}; stages that import them fail")
     model_dir = args.model_dir or Path("/tmp/gpu_stages_model" + ("_smoke" if args.smoke else ""))
     build_model_dir(model_dir, smoke=args.smoke, device="cpu" if args.smoke else "cuda")
     results["build_model_s"] = round(time.perf_counter() - t0, 1)
