@@ -42,7 +42,7 @@ from bench.r1_model import build_model_dir  # noqa: E402
 
 SITE = Path(__file__).resolve().parent / "gpu_stages_site"
 PRESET = ROOT / "presets" / "rtx3060ti-8gb.yaml"
-BENCHMARKS = ("gsm8k", "math500", "aime24")
+BENCHMARKS = ("aime24", "math500", "gsm8k")  # the longest first: the memory test that matters most runs early
 # the protocols: gsm8k 2,048 new tokens, math500 4,096, aime24 n 8 and 8,192
 PROTOCOLS = {"gsm8k": {"n": 1, "max_new_tokens": 2048}, "math500": {"n": 1, "max_new_tokens": 4096},
              "aime24": {"n": 8, "max_new_tokens": 8192}}
