@@ -23,10 +23,11 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.r1_model import build_model_dir, gsm8k_rows  # noqa: E402
 
 OUT = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
 QUICK = os.environ.get("QUICK") == "1"
-MODEL_DIR = Path("/tmp/r1shape_bench")
+MODEL_DIR = Path("/tmp/r1shape_bpe")  # bench/r1_model.py: random weights, GSM8K byte-level BPE
 V = 151936
 PROMPT = 128
 LENGTHS = (32,) if QUICK else (512, 768)
@@ -44,40 +45,10 @@ def save(name: str, res: dict) -> None:
     (OUT / f"gpu_{name}.json").write_text(json.dumps(res, indent=1, sort_keys=True))
 
 
-def build_model_dir() -> Path:
-    """Random bf16 weights at the R1-Distill-Qwen-1.5B config, and a 151,936-word tokenizer (so random
-    ids decode) with a plain chat template, saved as an HF folder that the project's loader reads."""
-    if (MODEL_DIR / "config.json").exists():
-        return MODEL_DIR
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
-
-    vocab = {f"t{i}": i for i in range(V - 3)}
-    vocab.update({"<unk>": V - 3, "<|endoftext|>": V - 2, "<|im_end|>": V - 1})
-    tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tk.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok = PreTrainedTokenizerFast(tokenizer_object=tk, unk_token="<unk>", eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>")
-    tok.chat_template = "{% for m in messages %}{{ m['content'] }} {% endfor %}"
-    cfg = Qwen2Config(vocab_size=V, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                      num_attention_heads=12, num_key_value_heads=2, head_dim=128, max_position_embeddings=131072,
-                      rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, use_sliding_window=False,
-                      eos_token_id=V - 1, pad_token_id=V - 2, bos_token_id=None)
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = Qwen2ForCausalLM(cfg).to(torch.bfloat16)
-    model.generation_config.eos_token_id = V - 1
-    model.save_pretrained(MODEL_DIR)
-    tok.save_pretrained(MODEL_DIR)
-    del model
-    torch.cuda.empty_cache()
-    return MODEL_DIR
-
-
 def load_base(quantization: str):
     from grpo.model.loading import load_policy_model
 
-    return load_policy_model(build_model_dir(), quantization=quantization, compute_dtype="bfloat16",
+    return load_policy_model(build_model_dir(MODEL_DIR), quantization=quantization, compute_dtype="bfloat16",
                              device="cuda", gradient_checkpointing=False).eval()
 
 
@@ -214,7 +185,7 @@ def run_rollout() -> None:
 # --- the GRPO step under 8 GiB ---------------------------------------------------------------
 def preset_params(logprob_backend: str):
     """presets/rtx3060ti-8gb.yaml's train section as a user gets it (QUICK shrinks it; TRAIN_MB and GEN_SEQS
-    override the micro-batches), with the random model's word tokenizer standing in for the real one."""
+    override the micro-batches)."""
     import dataclasses
 
     import yaml
@@ -231,31 +202,18 @@ def preset_params(logprob_backend: str):
     return dataclasses.replace(params, **overrides)
 
 
-def question(words: int, i: int) -> str:
-    return " ".join(f"t{(i * 7919 + j * 104729) % 150000}" for j in range(words))
-
-
 def run_step() -> None:
-    import grpo.train.loop as loop
     from grpo.prompts import PromptStyle
-    from transformers import PreTrainedTokenizerFast
 
-    def word_tokenizer(path):  # AutoTokenizer would load a Qwen2 tokenizer for this folder: empty prompts
-        tok = PreTrainedTokenizerFast.from_pretrained(path)
-        tok.padding_side = "left"
-        return tok
-
-    loop.load_tokenizer = word_tokenizer
-
-    model_dir = build_model_dir()  # before the cap: building the random model takes fp32 memory
+    model_dir = build_model_dir(MODEL_DIR)  # before the cap: building the random model takes fp32 memory
     torch.cuda.empty_cache()
     cap = float(os.environ.get("CAP_GIB", "8"))
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(cap * GIB / total)
     res: dict = {"cap_GiB": cap, "quick": QUICK}
     style = PromptStyle("r1", system_prompt="")
-    rows = [{"id": f"q{i}", "source": "bench", "question": question(120, i), "answer": "7",
-             "answer_type": "integer", "meta": {}} for i in range(64)]
+    rows = [{"id": f"q{i}", "source": "bench", "question": row["question"], "answer": "7",
+             "answer_type": "integer", "meta": {}} for i, row in enumerate(gsm8k_rows()[:64])]
     for backend in os.environ.get("BACKENDS", "triton,torch").split(","):
         step_run(backend, model_dir, style, rows, res)
         gc.collect()  # the engine <-> wrapper cycle would keep the first model alive into the next run

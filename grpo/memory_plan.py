@@ -1,34 +1,33 @@
-"""A memory plan for one training run: estimated bytes per component and the peak of each phase.
+"""Memory formulas: estimated bytes of each component of a GPU phase, from the architecture (``Arch``).
 
-Closed-form, from the architecture (``Arch``) and the train params; nothing is allocated. The phases are
-the two a GRPO step alternates between, and everything that stays resident counts in both:
+Closed-form; nothing is allocated. A phase's peak is the sum of its rows: what stays resident (the
+base weights, LoRA and its optimiser state or a loaded adapter, cached weight copies, a runtime
+allowance on CUDA) plus the phase's own. Two kinds of phase exist, and grpo/stage_plans.py maps each
+stage's params onto them:
 
-- resident: the frozen base (nf4 linear weights at 4.125 bits with double quantisation, embeddings and
-  LM head in the compute dtype; or every weight in the compute dtype), the dense copy of the 4-bit
-  linear weights that ``train.dense_generation`` caches for HF ``generate``, and the LoRA parameters
-  with their fp32 gradients and AdamW moments (16 bytes a parameter, grpo/model/lora.py keeps LoRA in fp32);
-- generation: the KV cache of ``generation_batch_size`` sequences of prompt + response tokens, the
-  last-step logits (model dtype, then fp32 for sampling) and the prompt pass (prefill: the MLP's three
-  intermediates and the attention scores over the cache for every prompt token). On CUDA the static
-  decoder (grpo/rollout/static_decode.py) also holds ``decoder_copy`` while it generates: the dense
-  copy of the 4-bit linear weights, q/k/v concatenated, and o_proj with LoRA merged; it frees them
-  before training;
-- training: one micro-batch of ``train_batch_size`` sequences: with gradient checkpointing each layer's
-  input is kept and one layer's activations are live at a time (without it, every layer's are);
-  attention is assumed memory-efficient (no T x T scores); log-probs come from ``logprob_chunk_size``
-  tokens of logits at a time: one buffer in the compute dtype with the fused Triton kernel on CUDA
-  (grpo/kernels), about three fp32 ones with the PyTorch path (grpo/algo/logprobs.py).
+- generation (``plan_generation``, shared by sent, the train rollouts and validation, evaluate and
+  ``grpo.infer``): on CUDA the static decoder (grpo/rollout/static_decode.py) holds ``decoder_copy``
+  while it generates: a dense copy of 4-bit linear weights, q/k/v concatenated, and the layers whose
+  LoRA it merges (q/k/v/o). Each of the ``sequences`` concurrent sequences (the decoder's slots) has a
+  KV cache of prompt + new tokens, rounded up to the cache bucket; ``decode_step`` is one decode step's
+  logits and sampling buffers and its attention scores over the cache; ``prefill`` is the prompt pass
+  (the MLP's three intermediates and fp32 attention scores over the prompt, for every prompt token of
+  the ``prefill_rows`` prompts it admits at once). HF ``generate`` (off CUDA, or ``generation_backend:
+  hf``) has no decoder copy, an exact-length cache and memory-efficient attention.
+- training (``plan_training``): one micro-batch of ``train_batch_size`` sequences: with gradient
+  checkpointing each layer's input is kept and one layer's activations are live at a time (without
+  it, every layer's are); log-probs come from ``logprob_chunk_size`` tokens of logits at a time: one
+  buffer in the compute dtype with the fused Triton kernel on CUDA (grpo/kernels), about three fp32
+  ones with the PyTorch path (grpo/algo/logprobs.py).
 
-bench/RESULTS.md compares the plan with the peaks measured at the 8 GB preset's shape on an H200.
-
-Biases and norm weights (well under 1% of a model) are left out. It is a planning estimate, not a
-measurement: allocator fragmentation and kernels' workspaces come on top (the check adds a fixed
-runtime allowance on CUDA).
+Biases and norm weights (well under 1% of a model) are left out. It is a planning estimate: allocator
+fragmentation and kernels' workspaces come on top (``CUDA_RUNTIME_BYTES``). tests/test_check.py holds the
+plan against the peaks measured on an H200 (bench/results/), never below them.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.config import TrainParams
@@ -39,6 +38,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # nf4 with double quantisation: 4 bits + an 8-bit absmax per 64 weights + an fp32 per 256 absmax blocks
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 CUDA_RUNTIME_BYTES = int(0.75 * GIB)  # CUDA context, cuBLAS workspaces, allocator slack
+LORA_TRAIN_BYTES = 16  # per LoRA parameter in training: fp32 value, gradient, AdamW's two moments
+LORA_LOADED_BYTES = 4  # per LoRA parameter of a loaded adapter: the fp32 value (grpo/model/lora.py)
+MERGEABLE = ("q_proj", "k_proj", "v_proj", "o_proj")  # the LoRA layers the static decoder folds into its copy
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,11 @@ class Arch:
     def embedding_params(self) -> int:
         return self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
 
+    @property
+    def kv_values_per_token(self) -> int:
+        """Cached values per token: K and V of every layer."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim
+
 
 # Architectures of the presets' hub models, for planning before the weights are downloaded.
 KNOWN_ARCHS: dict[str, Arch] = {
@@ -102,79 +109,100 @@ def resolve_arch(source: str, base_dir: Path = Path("models/base")) -> Arch:
 
 
 @dataclass(frozen=True)
-class MemoryPlan:
-    base_weights: int
-    dense_copy: int
-    lora_and_optimizer: int
-    decoder_copy: int
-    kv_cache: int
-    sampling_logits: int
-    prefill: int
-    activations: int
-    logprob_logits: int
-    runtime: int
+class Phase:
+    """One phase of one stage: every component that is in memory at its peak, and what scales it."""
 
-    @property
-    def generation_peak(self) -> int:
-        return sum(value for _, value in self.phase_rows("generation"))
-
-    @property
-    def training_peak(self) -> int:
-        return sum(value for _, value in self.phase_rows("training"))
-
-    @property
-    def peak_phase(self) -> str:
-        """The phase whose peak is the plan's peak."""
-        return "generation" if self.generation_peak >= self.training_peak else "training"
+    stage: str          # "sent", "train", "evaluate base/gsm8k", ...
+    name: str           # "generation" or "training"
+    rows: tuple[tuple[str, int], ...]
+    knob: str           # the batch param that scales the phase, e.g. "evaluate.batch_size"
+    tokens_knob: str    # the length param, e.g. "evaluate.benchmarks.aime24.max_new_tokens"
+    sequences: int      # concurrent sequences (generation) or micro-batch rows (training)
+    tokens: int         # new tokens (generation) or prompt + response tokens (training)
 
     @property
     def peak(self) -> int:
-        return max(self.generation_peak, self.training_peak)
+        return sum(value for _, value in self.rows)
 
-    def rows(self) -> list[tuple[str, int]]:
-        return [(f.name, getattr(self, f.name)) for f in fields(self)]
+    def row(self, name: str) -> int:
+        return dict(self.rows).get(name, 0)
 
-    def phase_rows(self, phase: str) -> list[tuple[str, int]]:
-        """The components that count in ``phase`` ("generation" or "training"): everything resident
-        (weights, copies, LoRA state, runtime) plus the phase's own."""
-        other = TRAINING_ONLY if phase == "generation" else GENERATION_ONLY
-        return [(name, value) for name, value in self.rows() if name not in other]
-
-GENERATION_ONLY = ("decoder_copy", "kv_cache", "sampling_logits", "prefill")
-TRAINING_ONLY = ("activations", "logprob_logits")
+    def largest(self, k: int = 3) -> list[tuple[str, int]]:
+        return sorted(self.rows, key=lambda kv: -kv[1])[:k]
 
 
-def lora_params(arch: Arch, r: int, targets: list[str]) -> int:
+def weight_bytes(arch: Arch, dtype: str, quantised: bool) -> int:
+    """The base: nf4 linear weights with embeddings and LM head in ``dtype``, or everything in ``dtype``."""
+    dt = DTYPE_BYTES[dtype]
+    if quantised:
+        return int(arch.linear_params * NF4_BYTES_PER_PARAM) + arch.embedding_params * dt
+    return (arch.linear_params + arch.embedding_params) * dt
+
+
+def lora_params(arch: Arch, r: int, targets: list[str] | tuple[str, ...]) -> int:
     shapes = arch.linear_shapes()
     return arch.num_hidden_layers * sum(r * (shapes[t][0] + shapes[t][1]) for t in targets)
 
 
-def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens: int, cuda: bool) -> MemoryPlan:
-    """Estimate each component for params ``p`` with the resolved ``compute_dtype`` (not ``auto``)."""
-    dt = DTYPE_BYTES[compute_dtype]
+def sampling_bytes_per_logit(dtype: str, *, greedy: bool, top_p: float, top_k: int) -> int:
+    """Bytes per vocabulary entry of one sequence's next-token choice in the static decoder: the LM
+    head's output and its fp32 copy; sampling adds the tempered logits, probabilities, exponential
+    noise and quotient; top-k a masked copy; top-p the sorted logits with int64 order, their
+    probabilities and cumulative sum, two masks and a masked copy."""
+    dt = DTYPE_BYTES[dtype]
+    if greedy:
+        return dt + 4
+    return dt + 4 + 4 * 4 + (4 if top_k > 0 else 0) + (4 + 8 + 4 + 4 + 2 + 4 if top_p < 1 else 0)
+
+
+def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, prompt_tokens: int,
+                    new_tokens: int, static_decoder: bool, lora_targets: tuple[str, ...] = (),
+                    merge_lora: bool = True, greedy: bool = False, top_p: float = 1.0, top_k: int = 0,
+                    prefill_rows: int | None = None) -> dict[str, int]:
+    """The generation phase's own components (bytes): decoder_copy, kv_cache, decode_step, prefill.
+
+    ``sequences`` decode concurrently (the static decoder's slots), each with a cache of the longest
+    prompt (``prompt_tokens``) + ``new_tokens``; ``prefill_rows`` prompts are prefilled at once
+    (default: all ``sequences``). ``lora_targets`` are the LoRA layers on the model (merged into the
+    decoder's copy when ``merge_lora``, for the layers it merges)."""
+    dt = DTYPE_BYTES[dtype]
     shapes = arch.linear_shapes()
-    static = cuda and p.generation_backend in ("auto", "static")  # the static decoder, as NativeEngine picks it
-    quantised = p.quantization == "nf4"
-    if quantised:
-        base = int(arch.linear_params * NF4_BYTES_PER_PARAM) + arch.embedding_params * dt
-    else:
-        base = (arch.linear_params + arch.embedding_params) * dt
-    dense = arch.linear_params * dt if quantised and p.dense_generation and not static else 0
+    prefill_rows = sequences if prefill_rows is None else prefill_rows
+    tokens = prompt_tokens + new_tokens
     decoder = 0
-    if static:
+    if static_decoder:
+        tokens = -(-tokens // CACHE_BUCKET) * CACHE_BUCKET  # the static cache is allocated whole, in buckets
         qkv = sum(a * b for name, (a, b) in shapes.items() if name in ("q_proj", "k_proj", "v_proj"))
-        merged_o = p.generation_merge_lora and "o_proj" in p.lora.targets
+        merged_o = merge_lora and "o_proj" in lora_targets
         per_layer = qkv + (shapes["o_proj"][0] * shapes["o_proj"][1] if merged_o else 0)
-        decoder = (arch.linear_params if quantised else 0) * dt + arch.num_hidden_layers * per_layer * dt
-    lora = lora_params(arch, p.lora.r, list(p.lora.targets)) * 16
-    tokens = prompt_tokens + max(p.max_response_length, p.val_max_new_tokens)
-    if static:  # the static cache is allocated whole, rounded up to its bucket
-        tokens = -(-tokens // CACHE_BUCKET) * CACHE_BUCKET
-    kv_per_token = 2 * arch.num_hidden_layers * arch.num_key_value_heads * arch.head_dim * dt
-    kv = p.generation_batch_size * tokens * kv_per_token
-    sampling = p.generation_batch_size * arch.vocab_size * (dt + 4)
-    prefill = p.generation_batch_size * prompt_tokens * (
-        3 * arch.intermediate_size + arch.num_attention_heads * tokens) * dt
+        decoder = ((arch.linear_params if quantised else 0) + arch.num_hidden_layers * per_layer) * dt
+    kv = sequences * tokens * arch.kv_values_per_token * dt
+    logits = sequences * arch.vocab_size * sampling_bytes_per_logit(dtype, greedy=greedy, top_p=top_p, top_k=top_k)
+    # explicit attention (static decoder): scores [heads x length] go bf16 -> fp32 -> scaled -> masked ->
+    # softmax -> cast, about 10 bytes a score at a time; HF generate uses memory-efficient SDPA
+    attention = arch.num_attention_heads * (2 * 4 + dt) if static_decoder else 0
+    step = logits + sequences * tokens * attention
+    prefill = prefill_rows * prompt_tokens * (3 * arch.intermediate_size * dt + prompt_tokens * attention)
+    return {"decoder_copy": decoder, "kv_cache": kv, "decode_step": step, "prefill": prefill}
+
+
+def max_slots(arch: Arch, budget: int, **shape) -> int:
+    """The most concurrent sequences whose cache, decode step and prefill fit in ``budget`` bytes
+    (the memory left once the weights and the decoder's copies are in place). ``shape``: the
+    keyword arguments of ``plan_generation`` other than ``sequences``; 0 when not even one fits.
+    With ``prefill_rows`` given, the prefill is a fixed cost; by default it grows with the slots."""
+    def cost(n: int) -> int:
+        rows = plan_generation(arch, sequences=n, **shape)
+        return rows["kv_cache"] + rows["decode_step"] + rows["prefill"]
+
+    fixed, per_slot = cost(0), cost(1) - cost(0)  # every term is affine in the slots
+    return max(0, (budget - fixed) // per_slot) if per_slot > 0 else 0
+
+
+def plan_training(arch: Arch, p: TrainParams, *, dtype: str, prompt_tokens: int, cuda: bool) -> dict[str, int]:
+    """The training phase's own components (bytes) for one micro-batch: activations, logprob_logits."""
+    dt = DTYPE_BYTES[dtype]
+    shapes = arch.linear_shapes()
     bt = p.train_batch_size * (prompt_tokens + p.max_response_length)
     # one layer's live activations: norms' outputs, q/k/v/attention output, the MLP's gate, up and product,
     # and the fp32 inputs the LoRA branches save; in backward, twice that (the recomputed layer and its
@@ -189,5 +217,35 @@ def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens
         activations = arch.num_hidden_layers * layer
     fused = cuda and p.logprob_backend in ("auto", "triton") and dt == 2  # the Triton kernel's dtypes
     logits = min(p.logprob_chunk_size, bt) * arch.vocab_size * (dt if fused else 3 * 4)
-    return MemoryPlan(base, dense, lora, decoder, kv, sampling, prefill, activations, logits,
-                      CUDA_RUNTIME_BYTES if cuda else 0)
+    return {"activations": activations, "logprob_logits": logits}
+
+
+def uses_static_decoder(backend: str, cuda: bool) -> bool:
+    """NativeEngine's choice: the static decoder on CUDA unless the backend is ``hf``."""
+    return cuda and backend in ("auto", "static")
+
+
+def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens: int, cuda: bool) -> tuple[Phase, Phase]:
+    """The train stage's generation (rollouts and validation) and training phases for params ``p``
+    with the resolved ``compute_dtype`` (not ``auto``)."""
+    static = uses_static_decoder(p.generation_backend, cuda)
+    quantised = p.quantization == "nf4"
+    resident = [
+        ("base_weights", weight_bytes(arch, compute_dtype, quantised)),
+        # generate's cached dense copy of the 4-bit base (train.dense_generation); the static decoder frees its own
+        ("dense_copy", arch.linear_params * DTYPE_BYTES[compute_dtype] if quantised and p.dense_generation and not static else 0),
+        ("lora_and_optimizer", lora_params(arch, p.lora.r, p.lora.targets) * LORA_TRAIN_BYTES),
+        ("runtime", CUDA_RUNTIME_BYTES if cuda else 0),
+    ]
+    generation = plan_generation(
+        arch, dtype=compute_dtype, quantised=quantised, sequences=p.generation_batch_size,
+        prompt_tokens=prompt_tokens, new_tokens=max(p.max_response_length, p.val_max_new_tokens),
+        static_decoder=static, lora_targets=tuple(p.lora.targets), merge_lora=p.generation_merge_lora,
+        top_p=p.top_p, top_k=p.top_k)
+    training = plan_training(arch, p, dtype=compute_dtype, prompt_tokens=prompt_tokens, cuda=cuda)
+    return (
+        Phase("train", "generation", tuple(resident + list(generation.items())), "train.generation_batch_size",
+              "train.max_response_length", p.generation_batch_size, max(p.max_response_length, p.val_max_new_tokens)),
+        Phase("train", "training", tuple(resident + list(training.items())), "train.train_batch_size",
+              "train.max_response_length", p.train_batch_size, prompt_tokens + p.max_response_length),
+    )

@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 
 import pytest
 
-from grpo.config import LoraParams, TrainParams
-from grpo.memory_plan import GIB, Arch, lora_params, plan_memory, resolve_arch
+from grpo.config import EvaluateParams, LoraParams, PrepareParams, ProtocolParams, TrainParams, load_params
+from grpo.memory_plan import (CUDA_RUNTIME_BYTES, GIB, Arch, Phase, lora_params, max_slots, plan_generation, plan_memory,
+                              resolve_arch, weight_bytes)
+from grpo.stage_plans import SECTIONS, largest_fitting, plan_evaluate, plan_stages, with_param
 from tests.conftest import ROOT
 
 ARCH = Arch(vocab_size=1000, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -19,42 +22,53 @@ PARAMS = TrainParams(quantization="nf4", dense_generation=True, lora=LoraParams(
                      gradient_checkpointing=True, logprob_chunk_size=1024)
 
 
-def test_plan_matches_a_hand_calculation():
-    plan = plan_memory(ARCH, PARAMS, compute_dtype="bfloat16", prompt_tokens=10, cuda=False)
+def train_plan(params: TrainParams = PARAMS, *, cuda: bool = False, prompt_tokens: int = 10) -> dict[str, Phase]:
+    return {p.name: p for p in plan_memory(ARCH, params, compute_dtype="bfloat16", prompt_tokens=prompt_tokens, cuda=cuda)}
+
+
+def test_train_plan_matches_a_hand_calculation():
+    plan = train_plan()
+    gen, train = plan["generation"], plan["training"]
     # linear weights per layer: q 64*64 + k 64*32 + v 64*32 + o 64*64 + gate/up/down 3 * 64*128 = 36864; 2 layers
     # nf4: 73728 * (0.5 + 1/64 + 4/16384) = 36864 + 1152 + 18 bytes; embeddings + LM head 2 * 1000*64 * 2 bytes
-    assert plan.base_weights == 38034 + 256000
-    assert plan.dense_copy == 73728 * 2
+    assert gen.row("base_weights") == train.row("base_weights") == 38034 + 256000
+    assert gen.row("dense_copy") == 73728 * 2
     # LoRA r4: q 4*(64+64) + v 4*(64+32) = 896 a layer, 2 layers, 16 bytes each (fp32 param, grad, Adam m and v)
-    assert plan.lora_and_optimizer == 1792 * 16
+    assert gen.row("lora_and_optimizer") == 1792 * 16
     # KV: 8 sequences * (10 prompt + max(20, 30) tokens) * (2 (k,v) * 2 layers * 2 kv heads * 16 dims * 2 bytes)
-    assert plan.kv_cache == 8 * 40 * 256
-    assert plan.sampling_logits == 8 * 1000 * (2 + 4)
-    # prefill: 8 sequences * 10 prompt tokens * (3 * 128 MLP intermediates + 4 heads * 40 cache positions) * 2 bytes
-    assert plan.prefill == 80 * 544 * 2
+    assert gen.row("kv_cache") == 8 * 40 * 256
+    # sampling at temperature 1, no top-k/top-p: bf16 logits, fp32 copy, tempered, probabilities, noise, quotient
+    assert gen.row("decode_step") == 8 * 1000 * (2 + 4 + 4 * 4)
+    # prefill: 8 sequences * 10 prompt tokens * 3 MLP intermediates of 128 * 2 bytes (HF generate: SDPA attention)
+    assert gen.row("prefill") == 80 * 3 * 128 * 2
     # 2 sequences * 30 tokens = 60: layer inputs 2 layers * 60 * 64 * 2 bytes, plus twice one layer's live set
     # (backward: the recomputed layer and its gradients), 60 * ((2*64 + 2*64 + 2*32 + 3*128) * 2 + (64 + 64) * 4)
-    assert plan.activations == 15360 + 2 * 60 * (1408 + 512)
-    assert plan.logprob_logits == 3 * 60 * 1000 * 4  # 60 tokens < chunk 1024; three fp32 buffers off CUDA
-    assert plan.decoder_copy == 0 and plan.runtime == 0
-    assert plan.generation_peak == 294034 + 147456 + 28672 + 81920 + 48000 + 87040
-    assert plan.peak == plan.training_peak == 294034 + 147456 + 28672 + 245760 + 720000
+    assert train.row("activations") == 15360 + 2 * 60 * (1408 + 512)
+    assert train.row("logprob_logits") == 3 * 60 * 1000 * 4  # 60 tokens < chunk 1024; three fp32 buffers off CUDA
+    assert gen.row("decoder_copy") == gen.row("runtime") == 0
+    assert "activations" not in dict(gen.rows) and "kv_cache" not in dict(train.rows)
+    assert gen.peak == 294034 + 147456 + 28672 + 81920 + 176000 + 61440
+    assert train.peak == 294034 + 147456 + 28672 + 245760 + 720000
+    assert (gen.knob, train.knob) == ("train.generation_batch_size", "train.train_batch_size")
 
 
 def test_cuda_plan_has_the_static_decoder_and_the_fused_logprob_kernel():
-    plan = plan_memory(ARCH, PARAMS, compute_dtype="bfloat16", prompt_tokens=10, cuda=True)
+    plan = train_plan(cuda=True)
+    gen = plan["generation"]
     # the static decoder de-quantises every linear weight (73728 * 2 bytes) and concatenates q/k/v
     # (64*64 + 2 * 64*32 = 8192 a layer, 2 layers); o_proj is no LoRA target here, so nothing is merged there
-    assert plan.decoder_copy == 73728 * 2 + 2 * 8192 * 2
-    assert plan.dense_copy == 0  # generate's cached copy is not used, and the decoder frees its own
-    assert plan.kv_cache == 8 * 128 * 256  # 40 tokens, the static cache rounded up to its 128-token bucket
-    assert plan.logprob_logits == 60 * 1000 * 2  # one bf16 buffer in the Triton kernel
-    with_o = plan_memory(ARCH, dataclasses.replace(PARAMS, lora=LoraParams(r=4, targets=["q_proj", "o_proj"])),
-                         compute_dtype="bfloat16", prompt_tokens=10, cuda=True)
-    assert with_o.decoder_copy == plan.decoder_copy + 2 * 64 * 64 * 2  # o_proj with LoRA merged, a layer each
-    hf = plan_memory(ARCH, dataclasses.replace(PARAMS, generation_backend="hf", logprob_backend="torch"),
-                     compute_dtype="bfloat16", prompt_tokens=10, cuda=True)
-    assert hf.decoder_copy == 0 and hf.dense_copy == 73728 * 2 and hf.logprob_logits == 3 * 60 * 1000 * 4
+    assert gen.row("decoder_copy") == 73728 * 2 + 2 * 8192 * 2
+    assert gen.row("dense_copy") == 0  # generate's cached copy is not used, and the decoder frees its own
+    assert gen.row("kv_cache") == 8 * 128 * 256  # 40 tokens, the static cache rounded up to its 128-token bucket
+    # explicit attention in a decode step: 4 heads x 128 cached positions x (3 fp32 copies' worth + bf16)
+    assert gen.row("decode_step") == 8 * 1000 * 22 + 8 * 128 * 4 * (8 + 2)
+    assert gen.row("prefill") == 80 * (3 * 128 * 2 + 10 * 4 * (8 + 2))  # and scores over the 10-token prompt
+    assert plan["training"].row("logprob_logits") == 60 * 1000 * 2  # one bf16 buffer in the Triton kernel
+    with_o = train_plan(dataclasses.replace(PARAMS, lora=LoraParams(r=4, targets=["q_proj", "o_proj"])), cuda=True)
+    assert with_o["generation"].row("decoder_copy") == gen.row("decoder_copy") + 2 * 64 * 64 * 2  # o merged
+    hf = train_plan(dataclasses.replace(PARAMS, generation_backend="hf", logprob_backend="torch"), cuda=True)
+    assert hf["generation"].row("decoder_copy") == 0 and hf["generation"].row("dense_copy") == 73728 * 2
+    assert hf["training"].row("logprob_logits") == 3 * 60 * 1000 * 4
 
 
 @pytest.mark.parametrize("measured", ["gpu_step_triton_lora-torch.json", "gpu_step_triton_mb8.json",
@@ -65,22 +79,24 @@ def test_plan_bounds_the_peaks_measured_on_the_h200(measured):
     promise less, and may over-estimate by at most its runtime allowance (CUDA context, workspaces) + 0.6 GiB."""
     record = json.loads((ROOT / "bench" / "results" / measured).read_text())["triton_step1"]
     params = TrainParams(quantization="nf4", lora=LoraParams(r=16, alpha=32), generation_batch_size=64,
-                         max_response_length=768, train_batch_size=int(record["micro_batch"]["train"]))
+                         max_response_length=768, train_batch_size=int(record["micro_batch"]["train"]), temperature=0.7)
     arch = resolve_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
-    plan = plan_memory(arch, params, compute_dtype="bfloat16", prompt_tokens=record["prompt_tokens"], cuda=True)
-    for phase, peak in (("generate", plan.generation_peak), ("train", plan.training_peak)):
+    generation, training = plan_memory(arch, params, compute_dtype="bfloat16", prompt_tokens=record["prompt_tokens"],
+                                       cuda=True)
+    for phase, plan in (("generate", generation), ("train", training)):
         measured_bytes = record[f"{phase}_peak_GiB"] * GIB
-        assert measured_bytes <= peak <= measured_bytes + plan.runtime + 0.6 * GIB, (phase, peak / GIB)
+        assert measured_bytes <= plan.peak <= measured_bytes + plan.row("runtime") + 0.6 * GIB, (phase, plan.peak / GIB)
 
 
 def test_options_change_only_their_component():
-    base = plan_memory(ARCH, PARAMS, compute_dtype="bfloat16", prompt_tokens=10, cuda=False)
-    no_ckpt = plan_memory(ARCH, dataclasses.replace(PARAMS, gradient_checkpointing=False), compute_dtype="bfloat16",
-                          prompt_tokens=10, cuda=False)
-    assert no_ckpt.activations == 2 * 60 * (1408 + 512) and no_ckpt.base_weights == base.base_weights
-    plain = plan_memory(ARCH, dataclasses.replace(PARAMS, quantization="none"), compute_dtype="bfloat16",
-                        prompt_tokens=10, cuda=True)
-    assert plain.base_weights == (73728 + 128000) * 2 and plain.dense_copy == 0 and plain.runtime > 0
+    base = train_plan()
+    no_ckpt = train_plan(dataclasses.replace(PARAMS, gradient_checkpointing=False))
+    assert no_ckpt["training"].row("activations") == 2 * 60 * (1408 + 512)
+    assert no_ckpt["training"].row("base_weights") == base["training"].row("base_weights")
+    plain = train_plan(dataclasses.replace(PARAMS, quantization="none"), cuda=True)["generation"]
+    assert plain.row("base_weights") == (73728 + 128000) * 2 and plain.row("dense_copy") == 0 and plain.row("runtime") > 0
+    # unquantised: the decoder copies only the concatenated q/k/v (and merged LoRA layers), not the MLP
+    assert plain.row("decoder_copy") == 2 * 8192 * 2
 
 
 def test_arch_counts_match_a_real_model(tiny_model_dir):
@@ -113,8 +129,7 @@ def test_nf4_bytes_match_bitsandbytes_storage(tiny_model_dir):
             stored += m.weight.numel() * m.weight.element_size() + qs.absmax.numel() * qs.absmax.element_size()
             stored += qs.state2.absmax.numel() * qs.state2.absmax.element_size()
     embeddings = arch.embedding_params * 4
-    plan = plan_memory(arch, TrainParams(quantization="nf4"), compute_dtype="float32", prompt_tokens=1, cuda=False)
-    assert plan.base_weights - embeddings == pytest.approx(stored, rel=0.01)
+    assert weight_bytes(arch, "float32", quantised=True) - embeddings == pytest.approx(stored, rel=0.01)
 
 
 def test_resolve_arch_reads_a_local_folder_and_refuses_an_unknown_hub_id(tiny_model_dir, tmp_path):
@@ -122,6 +137,81 @@ def test_resolve_arch_reads_a_local_folder_and_refuses_an_unknown_hub_id(tiny_mo
     assert resolve_arch("meta-llama/Llama-3.1-8B-Instruct", base_dir=tmp_path).num_hidden_layers == 32
     with pytest.raises(ValueError, match="architecture unknown"):
         resolve_arch("someone/unknown-model", base_dir=tmp_path)
+
+
+def test_evaluate_plan_matches_a_hand_calculation():
+    """evaluate final on a sampled benchmark (n 2, top-p 0.95), bf16, CUDA: the unquantised base, the
+    loaded adapter, the static decoder's q/k/v (+ merged o_proj) copy, 6 slots' cache and buffers."""
+    ev = EvaluateParams(dtype="bfloat16", batch_size=6, benchmarks={
+        "aime24": ProtocolParams(n=2, temperature=0.6, top_p=0.95, max_new_tokens=100)})
+    adapter = LoraParams(r=4, targets=["q_proj", "o_proj"])
+    plan = plan_evaluate(ARCH, ev, "aime24", "final", adapter=adapter, prep=PrepareParams(), cuda=True, prompt_tokens=10)
+    assert plan.row("base_weights") == (73728 + 128000) * 2
+    assert plan.row("adapter") == 2 * 4 * (64 + 64 + 64 + 64) * 4  # 2 layers, r4 on q and o, fp32
+    assert plan.row("runtime") == CUDA_RUNTIME_BYTES
+    assert plan.row("decoder_copy") == 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64) * 2  # q/k/v concatenated, o merged
+    assert plan.row("kv_cache") == 6 * 128 * 256  # 10 + 100 tokens, bucketed to 128; 256 bytes a token
+    # top-p sampling: bf16 + fp32 logits, 4 fp32 sampling buffers, sorted fp32 + int64 order + 2 fp32 + 2 masks
+    # + a masked copy = 48 bytes per vocabulary entry; attention over 128 positions, 4 heads, 10 bytes a score
+    assert plan.row("decode_step") == 6 * 1000 * 48 + 6 * 128 * 4 * 10
+    assert plan.row("prefill") == 6 * 10 * (3 * 128 * 2 + 10 * 4 * 10)
+    assert plan.peak == (403456 + 8192 + CUDA_RUNTIME_BYTES + 49152 + 196608 + 288000 + 30720 + 70080)
+    assert (plan.stage, plan.knob, plan.tokens_knob) == ("evaluate final/aime24", "evaluate.batch_size",
+                                                        "evaluate.benchmarks.aime24.max_new_tokens")
+    base = plan_evaluate(ARCH, ev, "aime24", "base", adapter=adapter, prep=PrepareParams(), cuda=True, prompt_tokens=10)
+    assert base.row("adapter") == 0 and base.row("decoder_copy") == 2 * (64 * 64 + 2 * 64 * 32) * 2
+    capped = plan_evaluate(ARCH, ev, "aime24", "base", adapter=adapter, prep=PrepareParams(max_eval={"aime24": 2}),
+                           cuda=True, prompt_tokens=10)
+    assert capped.sequences == 4 and capped.row("kv_cache") == 4 * 128 * 256  # 2 questions x n 2 < 6 slots
+
+
+def test_max_slots_is_the_largest_count_that_fits():
+    shape = dict(dtype="bfloat16", quantised=False, prompt_tokens=10, new_tokens=100, static_decoder=True,
+                 top_p=0.95)
+
+    def cost(n: int) -> int:
+        rows = plan_generation(ARCH, sequences=n, **shape)
+        return rows["kv_cache"] + rows["decode_step"] + rows["prefill"]
+
+    per_slot = 128 * 256 + 1000 * 48 + 128 * 4 * 10 + 10 * (3 * 128 * 2 + 10 * 4 * 10)  # hand: cache, step, prefill
+    assert cost(1) == per_slot and cost(7) == 7 * per_slot
+    assert max_slots(ARCH, 7 * per_slot, **shape) == 7 and max_slots(ARCH, 7 * per_slot - 1, **shape) == 6
+    assert max_slots(ARCH, per_slot - 1, **shape) == 0
+    # prefilling 2 prompts at a time makes the prefill a fixed cost, not one per slot
+    fixed = max_slots(ARCH, 50 * per_slot, prefill_rows=2, **shape)
+    assert fixed > 50 and plan_generation(ARCH, sequences=fixed, prefill_rows=2, **shape)["prefill"] == 2 * 10 * 1168
+
+
+def load_preset(name: str = "rtx3060ti-8gb") -> dict:
+    return load_params(ROOT / "presets" / f"{name}.yaml", list(SECTIONS))
+
+
+def test_largest_fitting_agrees_with_trying_every_value():
+    params, arch = load_preset(), resolve_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
+    phases = plan_stages(params, arch, cuda=True, prompt_tokens=256)
+    for stage, knob in (("sent", "sent.batch_size"), ("evaluate final,best/aime24", "evaluate.batch_size")):
+        phase = next(p for p in phases if p.stage == stage)
+        budget = 8 * GIB
+        fits = [v for v in range(1, 65) if next(p for p in plan_stages(with_param(params, knob, v), arch, cuda=True,
+                                                                            prompt_tokens=256)
+                                                   if p.stage == stage).peak <= budget]
+        assert largest_fitting(params, phase, budget, arch, cuda=True, prompt_tokens=256) == max(fits)
+
+
+def test_every_stage_the_params_enable_is_planned():
+    params = load_preset()
+    phases = plan_stages(params, resolve_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"), cuda=True, prompt_tokens=256)
+    stages = [(p.stage, p.name) for p in phases]
+    assert stages[:3] == [("sent", "generation"), ("train", "generation"), ("train", "training")]
+    assert stages[-1] == ("infer", "generation")
+    for benchmark in params["prepare"].benchmarks:
+        assert (f"evaluate base/{benchmark}", "generation") in stages
+        assert (f"evaluate final,best/{benchmark}", "generation") in stages
+    sent = phases[0]
+    assert sent.sequences == 16 * 8 and sent.tokens == 768 and sent.row("adapter") == 0  # batch_size x M, no LoRA
+    no_sent = plan_stages(with_param(params, "sent.enabled", False), resolve_arch(params["model"].source), cuda=True,
+                          prompt_tokens=256)
+    assert all(p.stage != "sent" for p in no_sent)
 
 
 def check(capsys, *args: str) -> tuple[int, str, str]:
@@ -138,33 +228,77 @@ def check(capsys, *args: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def test_check_prints_device_versions_and_plan_and_fits(capsys):
+def table_peaks(out: str) -> dict[tuple[str, str], float]:
+    """(stage, phase) -> the peak column of check's table."""
+    rows = re.findall(r"^  (\S+(?: \S+)?)\s+(generation|training)\s+\d+\s+\d+\s.*?([\d.]+)(?:  OVER)?$", out, re.M)
+    return {(stage, phase): float(peak) for stage, phase, peak in rows}
+
+
+# 8 GiB with the shipped preset: sent (16 questions x M 8 = 128 sequences) and evaluate (64 sequences of
+# 2,048-8,192 new tokens) do not fit; the preset's owner decides the new sizes (largest that fit at 256-token
+# prompts: sent.batch_size 9, evaluate.batch_size 14)
+@pytest.mark.xfail(strict=True, reason="presets/rtx3060ti-8gb.yaml: sent and evaluate plan above 8 GiB")
+def test_check_on_the_shipped_8gb_preset_fits(capsys):
     code, out, err = check(capsys, "--params", "presets/rtx3060ti-8gb.yaml", "--budget-gib", "8")
     assert code == 0, err
+
+
+def test_check_prints_every_stage_and_phase_with_its_peak(capsys, fitting_8gb):
+    params = fitting_8gb
+    code, out, err = check(capsys, "--params", str(params), "--budget-gib", "8")
+    assert code == 0, err
     assert out.startswith("device: ") and "torch 2.13.0" in out and "transformers 5.17.0" in out
-    for row in ("base_weights", "dense_copy", "lora_and_optimizer", "kv_cache", "activations", "peak: training"):
-        assert row in out
-    assert "fits: peak" in out
+    expected = plan_stages(load_params(params, list(SECTIONS)), resolve_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"),
+                           cuda=True, prompt_tokens=256)
+    assert table_peaks(out) == {(p.stage, p.name): round(p.peak / GIB, 2) for p in expected}
+    assert len(expected) == 1 + 2 + 2 * 4 + 1  # sent, train's two phases, 4 benchmarks x (base, final), infer
+    assert "fits: peak" in out and "OVER" not in out
+
+
+@pytest.fixture
+def fitting_8gb(tmp_path):
+    """The 8 GB preset with the batch sizes check names as the largest that fit 8 GiB."""
+    raw = (ROOT / "presets" / "rtx3060ti-8gb.yaml").read_text()
+    raw = raw.replace("  batch_size: 16\n", "  batch_size: 9\n").replace("  batch_size: 64\n", "  batch_size: 14\n")
+    path = tmp_path / "fitting.yaml"
+    path.write_text(raw)
+    assert load_params(path, ["sent", "evaluate"])["evaluate"].batch_size == 14
+    return path
+
+
+def test_check_names_evaluate_and_its_knobs_when_evaluate_does_not_fit(capsys, tmp_path, fitting_8gb):
+    raw = fitting_8gb.read_text()
+    params = tmp_path / "params.yaml"
+    params.write_text(raw.replace("max_new_tokens: 8192", "max_new_tokens: 32768"))
+    code, out, err = check(capsys, "--params", str(params), "--budget-gib", "8")
+    assert code == 1
+    lines = err.splitlines()
+    assert [line.split(" (")[0] for line in lines] == ["error: evaluate base/aime24", "error: evaluate final,best/aime24"]
+    line = lines[0]
+    assert line.startswith("error: evaluate base/aime24 (generation phase) needs ")
+    assert "lower evaluate.batch_size to " in line and "evaluate.benchmarks.aime24.max_new_tokens" in line
+    assert "kv_cache" in line
+    assert re.search(r"evaluate final,best/aime24 +generation .*OVER$", out, re.M)
 
 
 def test_check_fails_clearly_when_the_plan_does_not_fit(capsys):
     code, out, err = check(capsys, "--params", "presets/rocm-bf16-llama8b.yaml", "--budget-gib", "8")
     assert code == 1
-    # the bf16 8B base alone is 15 GiB; generation (with the decoder's q/k/v copy and the KV cache) is the peak
-    assert "error: the generation phase needs" in err and "--budget-gib 8 has 8.00 GiB" in err
-    assert "base_weights" in err and "train.generation_batch_size" in err  # the phase's largest items, its knob
+    # the bf16 8B base alone is 15 GiB: no batch size helps, train's phases say so
+    assert "error: train (generation phase) needs" in err and "--budget-gib 8 has 8.00 GiB" in err
+    assert "base_weights" in err and "not even train.generation_batch_size 1 fits" in err
 
 
-def test_check_names_the_generation_phase_when_rollouts_do_not_fit(capsys, tmp_path):
-    """64 sequences a call of 768 tokens with 1,024-token prompts: the static decoder's copy and the KV
-    cache, not training, break an 8 GiB card; the message must point at the generation batch."""
-    raw = (ROOT / "presets" / "rtx3060ti-8gb.yaml").read_text()
+def test_check_names_the_generation_phase_when_rollouts_do_not_fit(capsys, tmp_path, fitting_8gb):
+    """64 sequences a call of 768 tokens: the static decoder's copy and the KV cache, not training, break
+    an 8 GiB card; the message must point at the generation batch."""
     params = tmp_path / "params.yaml"
-    params.write_text(raw.replace("generation_batch_size: 32", "generation_batch_size: 64"))
-    code, out, err = check(capsys, "--params", str(params), "--budget-gib", "8", "--prompt-tokens", "1024")
+    params.write_text(fitting_8gb.read_text().replace("generation_batch_size: 32", "generation_batch_size: 64"))
+    code, out, err = check(capsys, "--params", str(params), "--budget-gib", "8")
     assert code == 1
-    assert "error: the generation phase needs" in err and "train.generation_batch_size" in err
-    assert "decoder_copy" in err and "kv_cache" in err and "activations" not in err
+    train = [line for line in err.splitlines() if line.startswith("error: train")]
+    assert len(train) == 1 and "train (generation phase)" in train[0] and "train.generation_batch_size" in train[0]
+    assert "decoder_copy" in train[0] and "kv_cache" in train[0] and "activations" not in train[0]
 
 
 def test_check_bad_params_and_missing_gpu_exit_2(capsys, tmp_path):
@@ -172,6 +306,9 @@ def test_check_bad_params_and_missing_gpu_exit_2(capsys, tmp_path):
     bad.write_text("train: {lr: -1}\n")
     code, out, err = check(capsys, "--params", str(bad))
     assert code == 2 and "train.lr: got -1" in err
+    bad.write_text("evaluate: {batch_size: 0}\n")
+    code, out, err = check(capsys, "--params", str(bad))
+    assert code == 2 and "evaluate.batch_size: got 0" in err
     import torch
 
     if not torch.cuda.is_available():  # a preset pinned to cuda, on a machine without a GPU
