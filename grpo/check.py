@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from grpo.config import ConfigError, load_params
+from grpo.hardware import describe_cpu
 from grpo.memory_plan import GIB, Phase, resolve_arch
 from grpo.stage_plans import SECTIONS, largest_fitting, plan_stages
 
@@ -41,7 +42,7 @@ def device_memory(device: str) -> tuple[str, int, bool]:
         backend = f"ROCm {torch.version.hip}" if torch.version.hip else f"CUDA {torch.version.cuda}"
         return f"{props.name} ({backend})", props.total_memory, True
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return f"CPU ({os.cpu_count()} cores)", ram, False
+    return f"CPU: {describe_cpu()}", ram, False
 
 
 COLUMNS = (  # (header, the plan rows it shows)

@@ -22,6 +22,7 @@ import dataclasses
 from typing import Any
 
 from grpo.config import EvaluateParams, LoraParams, PrepareParams, ProtocolParams, SentParams
+from grpo.hardware import cpu_native_bf16
 from grpo.infer import DEFAULT_MAX_NEW_TOKENS
 from grpo.memory_plan import (CUDA_RUNTIME_BYTES, LORA_LOADED_BYTES, Arch, Phase, lora_params, plan_generation,
                               plan_memory, uses_static_decoder, weight_bytes)
@@ -31,11 +32,11 @@ EVAL_MODELS = ("base", "final,best")  # best has final's shape (same adapter con
 
 
 def planned_dtype(dtype: str, cuda: bool) -> str:
-    """A compute dtype param resolved as the loader resolves ``auto`` (bf16 on a GPU; fp32 otherwise:
-    the larger figure where a CPU would pick bf16)."""
+    """A compute dtype param resolved as the loader resolves ``auto``: bf16 on a GPU and on a CPU with
+    native bf16 (grpo/hardware.py), fp32 otherwise."""
     if dtype != "auto":
         return dtype
-    return "bfloat16" if cuda else "float32"
+    return "bfloat16" if cuda or cpu_native_bf16() else "float32"
 
 
 def _generation_phase(arch: Arch, stage: str, *, engine: str, dtype: str, cuda: bool, sequences: int,
