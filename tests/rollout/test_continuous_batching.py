@@ -5,10 +5,7 @@ and frequent syncs, so slots are refilled mid-run and the length bucket moves bo
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM
 
-from grpo.model.loading import load_tokenizer
 from grpo.prompts import PromptStyle, build_prompt
 from grpo.rollout import SamplingParams
 from grpo.rollout.native import NativeEngine
@@ -18,16 +15,6 @@ from grpo.rollout.static_decode import StaticDecoder
 QUESTIONS = ["2 + 2?", "What is 15 + 27?", "Natalia sold clips to 48 of her friends in April. How many?",
              "7 * 8?", "What is 3 + 4? Then add 5 and tell me the result.", "1 + 1 = ?"]
 MAX_NEW = 14
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")

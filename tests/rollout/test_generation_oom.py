@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
 
-from grpo.model.loading import load_tokenizer
 from grpo.prompts import PromptStyle, build_prompt
 from grpo.rollout import SamplingParams
 from grpo.rollout.native import NativeEngine
@@ -17,16 +15,6 @@ from grpo.train.memory import FaultHook
 
 QUESTIONS = ["What is 15 + 27?", "2 + 2?", "Natalia sold clips to 48 of her friends in April. How many?"]
 PARAMS = SamplingParams(n=3, temperature=1.0, top_p=0.95, max_new_tokens=10, seed=4)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")
