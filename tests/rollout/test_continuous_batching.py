@@ -5,6 +5,8 @@ and frequent syncs, so slots are refilled mid-run and the length bucket moves bo
 from __future__ import annotations
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 from grpo.prompts import PromptStyle, build_prompt
 from grpo.rollout import SamplingParams
@@ -92,6 +94,17 @@ def test_per_row_limits_equal_generate_truncated(model, tokenizer, prompts, refi
         assert finished_order == [0, 2, 3, 1, 5, 4]
     else:  # waves of two: each waits for its longest row
         assert finished_order == [0, 1, 2, 3, 5, 4]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU (the eager step is tested above)")
+def test_cuda_graphs_with_continuous_batching_equal_generate(tiny_model_dir, tokenizer, prompts, stop_ids):
+    """The captured path: graphs captured per length bucket on first use, slots refilled between replays."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda().eval()
+    hf, fast = engines(model, tokenizer, stop_ids, 2)
+    assert fast._decoder.cuda_graphs
+    for params in (SamplingParams(n=2, temperature=0, max_new_tokens=MAX_NEW),
+                   SamplingParams(n=3, temperature=1.0, top_p=0.95, max_new_tokens=MAX_NEW, seed=5)):
+        assert ids(fast, prompts, params) == ids(hf, prompts, params)
 
 
 def test_schedule_admits_in_order_and_syncs_at_length_ends():
