@@ -16,8 +16,8 @@ decodes its full limit, so each mode does exactly the same work and tokens/s com
   its cache is rows x (longest prompt + max_new), so leave it off where memory is short).
 
 One untimed continuous call warms up (torch.compile of every length bucket, cuBLAS), then each mode
-runs ``--repeats`` timed calls (the fastest is reported); a call includes capturing its CUDA graphs (one per cache-length bucket, captured on first use), reported apart
-as ``capture_s``. ``identical_rows`` counts rows whose tokens equal the continuous mode's (greedy by
+runs ``--repeats`` timed calls (the fastest is reported). A call includes capturing its CUDA graphs
+(one per cache-length bucket, captured on first use), reported apart as ``capture_s``. ``identical_rows`` counts rows whose tokens equal the continuous mode's (greedy by
 default; bf16 near-ties on random weights may flip a few, which is rounding, not a bug).
 
 The model folder is loaded as the engine loads it (grpo.model.loading: ``--quantization``, ``--dtype``)

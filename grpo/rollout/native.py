@@ -161,10 +161,10 @@ class NativeEngine:
         """How many rows decode at once: the adaptive size, capped by the memory budget and the rows."""
         limit = min(self.size.current, len(rows))
         if self.max_slots_for is not None:
-            budget = self.max_slots_for(max(map(len, rows)) + max_new_tokens)
+            tokens = max(map(len, rows)) + max_new_tokens
+            budget = self.max_slots_for(tokens)
             if budget < 1:
-                log.warning("the memory budget fits no sequence of %d tokens; trying one at a time",
-                            max(map(len, rows)) + max_new_tokens)
+                log.warning("the memory budget fits no sequence of %d tokens; trying one at a time", tokens)
             limit = min(limit, max(1, budget))
         return limit
 
@@ -181,7 +181,8 @@ class NativeEngine:
         for start in range(0, len(rows), in_flight):
             chunk = range(start, min(start + in_flight, len(rows)))
             self.hook.check("generate", len(chunk))
-            for i, ids in zip(chunk, self._generate_batch([rows[i] for i in chunk], keys[chunk.start:chunk.stop], params)):
+            outputs = self._generate_batch([rows[i] for i in chunk], keys[chunk.start:chunk.stop], params)
+            for i, ids in zip(chunk, outputs):
                 finish(i, ids)
 
     def close(self) -> None:

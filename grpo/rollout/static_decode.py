@@ -95,7 +95,8 @@ class StaticDecoder:
     def refresh(self) -> None:
         """(Re)build each layer's weight tuples from the live modules: refolds merged LoRA, re-reads
         unmerged LoRA. Tensors are rebuilt, so graphs captured before are stale (generate recaptures)."""
-        self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora) for layer in self.body.layers]
+        self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora)
+                        for layer in self.body.layers]
 
     def release(self) -> None:
         """Free the dense and merged weight copies until the next ``refresh`` (re-de-quantising a

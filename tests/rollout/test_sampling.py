@@ -12,7 +12,8 @@ import torch
 from grpo.rollout.sampling import MASK32, gumbel_noise, hash32, row_keys, sample
 
 LOGITS = [1.2, -0.4, 0.3, 2.0, -1.5, 0.9]  # distinct, so top-k and top-p have no ties
-CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 63: 103.4}  # chi-square quantiles at 0.999 by degrees of freedom
+# chi-square quantiles at 0.999, by degrees of freedom
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 63: 103.4}
 DRAWS = 40_000
 
 
