@@ -22,7 +22,9 @@ EngineKind = Literal["auto", "vllm", "native"]
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to sample. ``temperature == 0`` is greedy; ``top_k == 0`` switches top-k off."""
+    """How to sample. ``temperature == 0`` is greedy; ``top_k == 0`` switches top-k off. ``seed`` keys
+    the random stream per (prompt index in the call, sample index): both engines draw a sample
+    independently of how the call is batched (native: grpo/rollout/sampling.py; vLLM: per-request seeds)."""
 
     n: int = 1
     temperature: float = 1.0

@@ -1,4 +1,4 @@
-"""Generation with transformers' ``generate`` on a model in memory.
+"""Generation with transformers' ``generate`` or the static decoder on a model in memory.
 
 Training builds this engine over its policy (4-bit base plus injected LoRA), so rollouts always come
 from the current weights with no export or reload. SENT and evaluation can use it through
@@ -8,46 +8,71 @@ Batches are left-padded; transformers 5.17 derives position ids from the attenti
 (``cumsum - 1``), the same positions grpo.train.batch gives the scoring pass (tested in
 tests/rollout/test_native_engine.py).
 
-``backend="static"`` decodes with grpo.rollout.static_decode (static KV cache, CUDA graphs on a GPU)
-instead of ``generate``: same interface, same greedy tokens, many times faster on a GPU. ``auto``
-takes it on CUDA for the model types it supports and keeps ``generate`` elsewhere.
+``backend="static"`` decodes with grpo.rollout.static_decode (static KV cache, continuous batching,
+CUDA graphs on a GPU) instead of ``generate``: same interface, same greedy tokens, many times faster
+on a GPU. ``auto`` takes it on CUDA for the model types it supports and keeps ``generate`` elsewhere.
+
+Sampling is keyed per row (grpo.rollout.sampling): row (prompt i of the call, sample j) draws from
+the noise of (seed, i, j, position), through a logits processor on the ``generate`` path and inside
+the decoder on the static path, so the two paths draw the same tokens for equal logits and a row's
+tokens do not depend on which batch or slot it lands in. Callers that split their work into several
+calls give each call its own seed (grpo.sent.scoring.batch_seed: a function of the batch's position,
+which keeps SENT's resume contract).
+
+Out of memory anywhere in a call (a real one, or ``GRPO_FAULT_OOM`` phase ``generate``, grpo/train/
+memory.py) frees memory, halves the rows in flight and redoes only the rows that had not finished;
+thanks to the keyed sampling the outputs equal an unfaulted run's.
 """
 from __future__ import annotations
 
 import gc
 import logging
 from pathlib import Path
+from typing import Callable
 
 import torch
 from tqdm import tqdm
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from grpo.model.loading import disable_cpu_weight_repacking, load_policy_model, load_tokenizer
 from grpo.rollout.base import Completion, SamplingParams, encode_prompts, make_completion, stop_token_ids
+from grpo.rollout.sampling import keyed_scores, row_keys
 from grpo.rollout.static_decode import StaticDecoder, supports
+from grpo.train.memory import AdaptiveBatchSize, FaultHook, free_memory
 
 BACKENDS = ("auto", "hf", "static")
+GENERATION_ADVICE = "lower max_new_tokens (or the prompts' length), or use a smaller model."
 
 log = logging.getLogger(__name__)
 
 
 class NativeEngine:
-    """``generate`` over ``model`` in batches of ``batch_size`` sequences (a prompt's n copies count n).
+    """Generation over ``model`` with at most ``batch_size`` sequences in flight (a prompt's n samples
+    count n): ``generate`` decodes them in batches, the static decoder in as many slots.
 
-    ``batch_size`` is a plain attribute: the trainer resizes it between calls after an out-of-memory."""
+    ``size`` adapts the rows in flight to out-of-memory errors across calls, as the trainer's
+    micro-batches do (grpo.train.memory; the trainer passes its own ``size`` and ``fault_hook`` so
+    that its checkpoints and metrics carry them). ``max_slots_for(sequence_tokens)``, when given,
+    caps the rows in flight for a memory budget (grpo.memory_plan's formula and the free memory):
+    ``sequence_tokens`` is a call's longest prompt plus its ``max_new_tokens``."""
 
     def __init__(self, model, tokenizer, *, batch_size: int, backend: str = "auto", merge_lora: bool = True,
-                 release_dense: bool = True) -> None:
+                 release_dense: bool = True, size: AdaptiveBatchSize | None = None,
+                 fault_hook: FaultHook | None = None, max_slots_for: Callable[[int], int] | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.batch_size = batch_size
+        self.size = size or AdaptiveBatchSize("generate", batch_size, advice=GENERATION_ADVICE)
+        self.hook = fault_hook or FaultHook()
+        self.max_slots_for = max_slots_for
         self.model = model
         # release_dense: the static decoder frees its dense weight copies after each generate() call,
         # so training does not carry them (measured in bench/RESULTS.md, GPU section)
         self.backend, self.merge_lora, self.release_dense = backend, merge_lora, release_dense
         self._decoder: StaticDecoder | None = None
         self.tokenizer = tokenizer
-        self.batch_size = batch_size
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]
         # Sampling runs in eval mode without grad, where bitsandbytes would repack 4-bit weights and break
@@ -62,8 +87,8 @@ class NativeEngine:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, batch_size: int = 16, quantization: str = "none",
-                        compute_dtype: str = "auto", device: str = "auto",
-                        adapter_dir: str | None = None) -> "NativeEngine":
+                        compute_dtype: str = "auto", device: str = "auto", adapter_dir: str | None = None,
+                        max_slots_for: Callable[[int], int] | None = None) -> "NativeEngine":
         """Load the HF folder ``model_dir`` (optionally with a PEFT-format adapter) for SENT or evaluation,
         through the training loader (grpo.model.loading: ``quantization`` nf4 or none, ``compute_dtype``
         auto = fp32 on CPU, bf16/fp16 on GPU).
@@ -73,7 +98,8 @@ class NativeEngine:
         per call."""
         load_kwargs = {"quantization": quantization, "compute_dtype": compute_dtype, "device": device}
         adapter_dir = None if adapter_dir is None else str(adapter_dir)
-        engine = cls(_load_model(model_dir, adapter_dir, load_kwargs), load_tokenizer(model_dir), batch_size=batch_size)
+        engine = cls(_load_model(model_dir, adapter_dir, load_kwargs), load_tokenizer(model_dir), batch_size=batch_size,
+                     max_slots_for=max_slots_for)
         engine._model_dir, engine._load_kwargs, engine._adapter_dir = Path(model_dir), load_kwargs, adapter_dir
         return engine
 
@@ -85,27 +111,79 @@ class NativeEngine:
         if empty:
             raise ValueError(f"prompt {empty[0]} ({prompts[empty[0]][:60]!r}) encodes to no tokens with "
                              f"{type(self.tokenizer).__name__}: wrong tokenizer for this model folder?")
-        # n copies of each prompt, adjacent, so a prompt's group usually shares a batch (and its padding).
-        rows = [(i, ids) for i, ids in enumerate(prompt_ids) for _ in range(params.n)]
-        groups: list[list[Completion]] = [[] for _ in prompts]
-        starts = range(0, len(rows), self.batch_size)
+        # n copies of each prompt, adjacent (a group usually shares a batch and its padding):
+        # row r is sample r % n of prompt r // n, and that pair keys its sampling
+        n = params.n
+        rows = [ids for ids in prompt_ids for _ in range(n)]
+        index = torch.arange(len(rows))
+        keys = row_keys(params.seed, index // n, index % n)
         was_training = self.model.training
         self.model.eval()  # no dropout (LoRA's included) while sampling
         decoder = self._static_decoder()
         try:
-            with torch.no_grad():
-                for batch_index, start in enumerate(tqdm(starts, desc="generate", unit="batch", disable=not progress)):
-                    chunk = rows[start:start + self.batch_size]
-                    # One seed per batch: the same call gives the same samples, whatever ran before it.
-                    torch.manual_seed(params.seed + batch_index)
-                    sampled = self._generate_batch([ids for _, ids in chunk], params, decoder)
-                    for (i, ids), out in zip(chunk, sampled):
-                        groups[i].append(make_completion(self.tokenizer, ids, out, self.stop_ids))
+            with torch.no_grad(), tqdm(total=len(rows), desc="generate", unit="seq", disable=not progress) as bar:
+                done = self._generate_rows(rows, keys, params, decoder, bar.update)
         finally:
             self.model.train(was_training)
             if decoder is not None and self.release_dense:
                 decoder.release()
-        return groups
+        return [[make_completion(self.tokenizer, ids, done[i * n + j], self.stop_ids) for j in range(n)]
+                for i, ids in enumerate(prompt_ids)]
+
+    def _generate_rows(self, rows: list[list[int]], keys: torch.Tensor, params: SamplingParams,
+                       decoder: StaticDecoder | None, advance: Callable[[], object]) -> dict[int, list[int]]:
+        """Every row's new ids. On out of memory: free memory, halve the rows in flight, and redo only
+        the rows that had not finished (``advance`` ticks the progress bar once per finished row)."""
+        done: dict[int, list[int]] = {}
+        had_oom = False
+        while len(done) < len(rows):
+            pending = [r for r in range(len(rows)) if r not in done]
+            in_flight = self._rows_in_flight([rows[r] for r in pending], params.max_new_tokens)
+
+            def finish(i: int, ids: list[int]) -> None:
+                done[pending[i]] = ids
+                advance()
+
+            try:
+                self._run(decoder, [rows[r] for r in pending], keys[pending], params, in_flight, finish)
+                oom = False
+            except torch.OutOfMemoryError:
+                oom = True
+            if oom:  # out of the except block, so the traceback no longer holds the failed tensors
+                free_memory()
+                self.size.current = in_flight  # halve what was really in flight
+                self.size.shrink()
+                had_oom = True
+        self.size.end_step(had_oom)
+        return done
+
+    def _rows_in_flight(self, rows: list[list[int]], max_new_tokens: int) -> int:
+        """How many rows decode at once: the adaptive size, capped by the memory budget and the rows."""
+        limit = min(self.size.current, len(rows))
+        if self.max_slots_for is not None:
+            tokens = max(map(len, rows)) + max_new_tokens
+            budget = self.max_slots_for(tokens)
+            if budget < 1:
+                log.warning("the memory budget fits no sequence of %d tokens; trying one at a time", tokens)
+            limit = min(limit, max(1, budget))
+        return limit
+
+    def _run(self, decoder: StaticDecoder | None, rows: list[list[int]], keys: torch.Tensor,
+             params: SamplingParams, in_flight: int, finish: Callable[[int, list[int]], None]) -> None:
+        """Generate ``rows`` with ``in_flight`` at once, calling ``finish(i, new ids)`` as row i ends: the
+        static decoder keeps ``in_flight`` slots busy; ``generate`` runs consecutive batches."""
+        if decoder is not None:
+            decoder.generate(rows, keys=keys, max_new_tokens=params.max_new_tokens, stop_ids=self.stop_ids,
+                             pad_id=self.pad_id, temperature=params.temperature, top_p=params.top_p,
+                             top_k=params.top_k, slots=in_flight, on_done=finish,
+                             before_prefill=lambda slots: self.hook.check("generate", slots))
+            return
+        for start in range(0, len(rows), in_flight):
+            chunk = range(start, min(start + in_flight, len(rows)))
+            self.hook.check("generate", len(chunk))
+            outputs = self._generate_batch([rows[i] for i in chunk], keys[chunk.start:chunk.stop], params)
+            for i, ids in zip(chunk, outputs):
+                finish(i, ids)
 
     def close(self) -> None:
         self.model = self._decoder = None
@@ -125,19 +203,14 @@ class NativeEngine:
             self._decoder.refresh()  # the policy's LoRA weights changed since the last call
         return self._decoder
 
-    def _generate_batch(self, prompt_ids: list[list[int]], params: SamplingParams,
-                        decoder: StaticDecoder | None = None) -> list[list[int]]:
-        """Left-pad, generate, and return each row's new ids (pads after an early EOS still attached)."""
+    def _generate_batch(self, prompt_ids: list[list[int]], keys: torch.Tensor,
+                        params: SamplingParams) -> list[list[int]]:
+        """Left-pad and ``generate``; returns each row's new ids (pads after an early stop still attached)."""
         width = max(len(ids) for ids in prompt_ids)
         device = self.model.device
         input_ids = torch.tensor([[self.pad_id] * (width - len(ids)) + ids for ids in prompt_ids], device=device)
         attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompt_ids],
                                       device=device)
-        if decoder is not None:
-            out = decoder.generate(input_ids, attention_mask, max_new_tokens=params.max_new_tokens,
-                                   stop_ids=self.stop_ids, pad_id=self.pad_id, temperature=params.temperature,
-                                   top_p=params.top_p, top_k=params.top_k)
-            return out.tolist()  # the one host sync per batch (plus one per sync_every tokens)
         out = self.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -145,7 +218,7 @@ class NativeEngine:
             pad_token_id=self.pad_id,
             eos_token_id=self.stop_ids,
             use_cache=True,
-            **_sampling_kwargs(params),
+            **_sampling_kwargs(params, keys.to(device), width),
         )
         return out[:, width:].tolist()  # the one host sync per batch
 
@@ -174,11 +247,26 @@ def _load_model(model_dir: str | Path, adapter_dir: str | None, load_kwargs: dic
     return model.eval()
 
 
-def _sampling_kwargs(params: SamplingParams) -> dict:
-    """Every knob that shapes the next-token distribution, set explicitly: ``generate`` fills any unset
-    one from the model's generation_config (Qwen2.5-Instruct ships top_k 20, repetition_penalty 1.05),
-    which would make samples depend on a file vLLM ignores when it is handed SamplingParams."""
-    if params.greedy:
-        return {"do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": None, "repetition_penalty": 1.0}
-    return {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k,
-            "repetition_penalty": 1.0}
+class _KeyedSampling(LogitsProcessor):
+    """``generate``'s hook into grpo.rollout.sampling: the warped logits plus each row's keyed Gumbel
+    noise, so the argmax that greedy decoding then takes is the keyed sample. transformers 5.17 runs
+    custom processors after its own (none here: every knob of ``_sampling_kwargs`` is neutral)."""
+
+    def __init__(self, keys: torch.Tensor, width: int, params: SamplingParams) -> None:
+        self.keys, self.width, self.params = keys, width, params
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        positions = torch.full_like(self.keys, input_ids.shape[1] - self.width)  # index in the response
+        p = self.params
+        return keyed_scores(scores, self.keys, positions, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p)
+
+
+def _sampling_kwargs(params: SamplingParams, keys: torch.Tensor, width: int) -> dict:
+    """Greedy decoding, every other knob set explicitly neutral, plus the keyed sampler unless greedy.
+    Explicit, because ``generate`` fills any unset knob from the model's generation_config (Qwen2.5-
+    Instruct ships top_k 20, repetition_penalty 1.05), which would make samples depend on a file vLLM
+    ignores when it is handed SamplingParams."""
+    kwargs = {"do_sample": False, "temperature": 1.0, "top_p": 1.0, "top_k": None, "repetition_penalty": 1.0}
+    if not params.greedy:
+        kwargs["logits_processor"] = LogitsProcessorList([_KeyedSampling(keys, width, params)])
+    return kwargs

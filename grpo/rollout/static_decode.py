@@ -1,104 +1,42 @@
-"""Fast sampling for decoder-only Qwen2/Llama-layout models: a preallocated (static) KV cache, one
-decode step that reads and writes only fixed buffers, and on CUDA that step captured as CUDA graphs.
+"""Fast sampling for decoder-only Qwen2/Llama-layout models: a preallocated (static) KV cache with a
+fixed number of slots, continuous batching over them, one decode step that reads and writes only
+fixed buffers, and on CUDA that step captured as CUDA graphs.
 
 Why not ``model.generate``: at the R1-Distill-1.5B shape HF launches well over a thousand small
 kernels a decode step from Python, so a step costs tens of milliseconds whatever the batch
 (DESIGN.md: nf4 generate reaches 317 tok/s at batch 64, 0.3% of the bandwidth floor). Here the whole
-step (28 layers, LM head, temperature / top-k / top-p, sampling, EOS bookkeeping, writing the token)
-is one graph replay; the host syncs only every ``sync_every`` steps to stop early. Inside the graph
-the kernels still run one after another, so on CUDA each layer's two halves are torch.compile'd to
-fuse the norm / RoPE / softmax / SwiGLU elementwise work (the first call compiles, ~a minute).
+step (28 layers, LM head, temperature / top-k / top-p, sampling, stop bookkeeping) is one graph
+replay; the host syncs only every ``sync_every`` steps, or when a row reaches its length limit.
+Inside the graph the kernels still run one after another, so on CUDA each layer's two halves are
+torch.compile'd to fuse the norm / RoPE / softmax / SwiGLU elementwise work (the first call compiles,
+~a minute). The layer maths and weights are grpo/rollout/static_layers.py.
 
-Weights: every linear layer runs as a dense matmul in the compute dtype. A bitsandbytes 4-bit base is
-de-quantised once and cached (grpo.model.dequant, the copy ``dense_base`` also uses); q/k/v run as one
-concatenated matmul. LoRA layers are either folded into that concatenated copy at each ``generate``
-(``merge_lora=True``: the copy exists anyway, so merging costs no memory beyond the LoRA-targeted
-layers) or applied unmerged as two extra small matmuls per projection group.
+Continuous batching (grpo/rollout/slots.py schedules it): each slot is one row of the cache with its
+own cursor (where its next key/value goes), RoPE position, token count, limit and sampling key. When
+a slot's row ends, the next waiting prompt is prefilled into that slot's cache row, so a request is
+never held by its longest row and needs only ``slots`` rows of cache. A decode step attends over the
+cache up to a length bucket (the maximum over live slots, rounded up): one captured graph per bucket,
+captured when first needed; admissions only write into the buffers the graphs read.
 
-Attention is computed explicitly (grouped-query matmuls, fp32 softmax) over the cache up to a length
-bucket, one graph per bucket, so early steps do not read the empty end of the cache. Sampling draws
-``argmax(p / E)`` with ``E ~ Exp(1)`` (an exact sample of ``p``, graph-safe; ``multinomial`` is not).
-The numbers are the model's; the random stream is not HF's, so sampled (not greedy) ids differ from
-``generate`` with the same seed.
+Sampling is grpo/rollout/sampling.py: each row's noise is keyed by (seed, prompt, sample, position),
+so a row draws the same tokens whatever its slot, its neighbours or the number of slots, and the
+same tokens as the HF ``generate`` path of grpo.rollout.native for equal logits.
 """
 from __future__ import annotations
 
-import math
+from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from grpo.model.dequant import dense_weight, drop_dense_copies, linear4bit_modules
-from grpo.model.lora import LoRALinear
+from grpo.model.dequant import drop_dense_copies, linear4bit_modules
+from grpo.rollout.sampling import gumbel_noise, row_keys, sample
+from grpo.rollout.slots import SlotSchedule, Wave
+from grpo.rollout.static_layers import attend_and_mlp, layer_weights, project_qkv
 
 CACHE_BUCKET = 128  # KV cache lengths are multiples of this: one captured graph (and compile) per bucket
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral", "qwen3")
-
-
-def _dense(module: torch.nn.Module, quantised: set[int], dtype: torch.dtype) -> Tensor:
-    """The frozen base weight of a linear layer in the compute dtype (4-bit: the cached dense copy)."""
-    base = module.base if isinstance(module, LoRALinear) else module
-    if id(base) in quantised:
-        return dense_weight(base)
-    return base.weight if base.weight.dtype == dtype else base.weight.to(dtype)
-
-
-def _bias(module: torch.nn.Module, dtype: torch.dtype) -> Tensor | None:
-    base = module.base if isinstance(module, LoRALinear) else module
-    return None if base.bias is None else base.bias.to(dtype)
-
-
-def _lora_on(module: torch.nn.Module) -> bool:
-    return isinstance(module, LoRALinear) and not module.disabled
-
-
-def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """HF's Qwen2/Llama RMSNorm, op for op (fp32 statistics, cast back, then scale)."""
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(x.dtype)
-
-
-def _project_qkv(x: Tensor, cos: Tensor, sin: Tensor, w: tuple, cfg: tuple) -> tuple[Tensor, Tensor, Tensor]:
-    """Layer part 1: norm, fused q/k/v projection (+ LoRA), q/k norms (Qwen3), RoPE.
-    Returns q [B, T, Hq, D] and k, v transposed for the cache [B, Hkv, T, D]."""
-    ln1, qkv_w, qkv_b, lora_a, lora_b, q_norm, k_norm = w
-    n_heads, n_kv, d, eps = cfg
-    b, t, _ = x.shape
-    h = _rms(x, ln1, eps)
-    qkv = F.linear(h, qkv_w, qkv_b)
-    if lora_a is not None:  # q/k/v adapters as one A (stacked) and one block-diagonal B, scale folded in
-        qkv = qkv + F.linear(F.linear(h.float(), lora_a), lora_b).to(qkv.dtype)
-    q, k, v = qkv.split([n_heads * d, n_kv * d, n_kv * d], dim=-1)
-    q, k, v = q.view(b, t, n_heads, d), k.view(b, t, n_kv, d), v.view(b, t, n_kv, d)
-    if q_norm is not None:
-        q, k = _rms(q, q_norm, eps), _rms(k, k_norm, eps)
-    return _rope(q, cos, sin), _rope(k, cos, sin).transpose(1, 2), v.transpose(1, 2)
-
-
-def _attend_and_mlp(x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, w: tuple, cfg: tuple) -> Tensor:
-    """Layer part 2: grouped-query attention over the cache k, v [B, Hkv, L, D] where ``mask`` [B, T, L]
-    allows, output projection (+ LoRA), residual, norm, SwiGLU MLP, residual."""
-    o_w, o_b, lora_a, lora_b, ln2, gate_w, up_w, down_w = w
-    n_heads, n_kv, d, eps = cfg
-    b, t = q.shape[:2]
-    g = n_heads // n_kv
-    # query head h reads kv head h // g (HF's repeat_kv): group the heads instead of copying k/v
-    q = q.view(b, t, n_kv, g, d).permute(0, 2, 3, 1, 4).reshape(b, n_kv, g * t, d)
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (d ** -0.5)
-    scores = scores.view(b, n_kv, g, t, -1)
-    # a large finite negative, not -inf: a row with nothing to attend to (a left pad) stays finite
-    scores = scores.masked_fill(~mask[:, None, None], torch.finfo(torch.float32).min)
-    probs = scores.softmax(-1).to(v.dtype).view(b, n_kv, g * t, -1)
-    a = torch.matmul(probs, v).view(b, n_kv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, n_heads * d)
-    o = F.linear(a, o_w, o_b)
-    if lora_a is not None:
-        o = o + F.linear(F.linear(a.float(), lora_a), lora_b).to(o.dtype)
-    x = x + o
-    h = _rms(x, ln2, eps)
-    return x + F.linear(F.silu(F.linear(h, gate_w)) * F.linear(h, up_w), down_w)
 
 
 def supports(model: torch.nn.Module) -> str | None:
@@ -119,9 +57,9 @@ class StaticDecoder:
     """Prefill plus graph-replayed decode over the weights of ``model`` (dense copies where the base is
     4-bit, merged copies of LoRA layers when ``merge_lora``). Call ``refresh()`` after LoRA changes.
 
-    On CUDA each layer's two halves are compiled by torch.compile (``compile``) so that the norm, RoPE,
-    softmax and SwiGLU elementwise work fuses into a few kernels: with ~45 small kernels a layer a
-    decode step is launch-bound even inside a CUDA graph."""
+    On CUDA each layer's two halves and the sampling noise are compiled by torch.compile
+    (``compile``) so that the elementwise work fuses into a few kernels: with ~45 small kernels a
+    layer a decode step is launch-bound even inside a CUDA graph."""
 
     def __init__(self, model: torch.nn.Module, *, merge_lora: bool = True, cuda_graphs: bool | None = None,
                  compile: bool | None = None, bucket: int = CACHE_BUCKET, sync_every: int = 32) -> None:
@@ -135,19 +73,15 @@ class StaticDecoder:
         self.cuda_graphs = on_gpu if cuda_graphs is None else cuda_graphs
         self.bucket, self.sync_every, self.merge_lora = bucket, sync_every, merge_lora
         cfg = model.config
-        self.n_heads = cfg.num_attention_heads
         self.n_kv = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.cfg = (self.n_heads, self.n_kv, self.head_dim, float(cfg.rms_norm_eps))
+        self.cfg = (cfg.num_attention_heads, self.n_kv, self.head_dim, float(cfg.rms_norm_eps))
         self._quantised = {id(m) for m in linear4bit_modules(model)}
         self.dtype = self._compute_dtype()
-        use_compile = on_gpu if compile is None else compile
-        if use_compile:
-            # each new (batch, cache size) recompiles the layer halves once; past dynamo's default limit
-            # of 8 it would silently fall back to eager (seen in bench/gpu_bench.py's many shapes)
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        self._part1 = torch.compile(_project_qkv) if use_compile else _project_qkv
-        self._part2 = torch.compile(_attend_and_mlp) if use_compile else _attend_and_mlp
+        self.compile = on_gpu if compile is None else compile
+        self._part1 = torch.compile(project_qkv) if self.compile else project_qkv
+        self._part2 = torch.compile(attend_and_mlp) if self.compile else attend_and_mlp
+        self._noise = torch.compile(gumbel_noise) if self.compile else gumbel_noise
         self.weights: list[tuple[tuple, tuple]] = []
         self.refresh()
 
@@ -161,32 +95,8 @@ class StaticDecoder:
     def refresh(self) -> None:
         """(Re)build each layer's weight tuples from the live modules: refolds merged LoRA, re-reads
         unmerged LoRA. Tensors are rebuilt, so graphs captured before are stale (generate recaptures)."""
-        dt, merged = self.dtype, self.merge_lora
-        weights = []
-        for layer in self.body.layers:
-            at, mlp = layer.self_attn, layer.mlp
-            qkv = [at.q_proj, at.k_proj, at.v_proj]
-
-            def dense(m):
-                w = _dense(m, self._quantised, dt)
-                return (w.float() + m.delta_weight().to(w.device)).to(dt) if merged and _lora_on(m) else w
-
-            qkv_w = torch.cat([dense(m) for m in qkv])
-            biases = [_bias(m, dt) for m in qkv]
-            qkv_b = None if all(b is None for b in biases) else torch.cat(
-                [torch.zeros(m.out_features, dtype=dt, device=qkv_w.device) if b is None else b
-                 for m, b in zip(qkv, biases)])
-            qkv_lora = (None, None) if merged else _stacked_lora(qkv)
-            o_lora = (None, None) if merged else _stacked_lora([at.o_proj])
-            q_norm = getattr(at, "q_norm", None)
-            k_norm = getattr(at, "k_norm", None)
-            part1 = (layer.input_layernorm.weight, qkv_w, qkv_b, *qkv_lora,
-                     None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight)
-            part2 = (dense(at.o_proj), _bias(at.o_proj, dt), *o_lora, layer.post_attention_layernorm.weight,
-                     _dense(mlp.gate_proj, self._quantised, dt), _dense(mlp.up_proj, self._quantised, dt),
-                     _dense(mlp.down_proj, self._quantised, dt))
-            weights.append((part1, part2))
-        self.weights = weights
+        self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora)
+                        for layer in self.body.layers]
 
     def release(self) -> None:
         """Free the dense and merged weight copies until the next ``refresh`` (re-de-quantising a
@@ -195,151 +105,197 @@ class StaticDecoder:
         drop_dense_copies(self.model)
 
     # --- the forward pass ------------------------------------------------------------------
-    def _forward(self, ids: Tensor, positions: Tensor, slots: Tensor, mask: Tensor, length: int,
-                 eager: bool = False) -> Tensor:
-        """Run ``ids`` [B, T] at ``positions`` [B, T], writing K/V into cache slots ``slots`` [T] and
-        attending over cache slots [0, length) where ``mask`` [B, T, >=length] allows; returns the last
-        position's final hidden state [B, H]. ``eager`` skips the compiled parts (prefill's shapes)."""
-        part1, part2 = (_project_qkv, _attend_and_mlp) if eager else (self._part1, self._part2)
+    def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor,
+                 store: Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor]], eager: bool = False) -> Tensor:
+        """Run ``ids`` [B, T] at ``positions`` [B, T]. ``store(layer, k, v)`` writes the new keys and
+        values into the cache and returns the ones to attend over, where ``mask`` [B, T, L] allows.
+        Returns the last position's final hidden state [B, H]. ``eager``: prefill's varying shapes
+        skip the compiled parts."""
+        part1, part2 = (project_qkv, attend_and_mlp) if eager else (self._part1, self._part2)
         x = self.body.embed_tokens(ids).to(self.dtype)
         cos, sin = self.body.rotary_emb(x, positions)
         cos, sin = cos[:, :, None], sin[:, :, None]
-        mask = mask[:, :, :length]
         for i, (w1, w2) in enumerate(self.weights):
             q, k, v = part1(x, cos, sin, w1, self.cfg)
-            self.k_cache[i].index_copy_(2, slots, k)
-            self.v_cache[i].index_copy_(2, slots, v)
-            x = part2(x, q, self.k_cache[i][:, :, :length], self.v_cache[i][:, :, :length], mask, w2, self.cfg)
+            k, v = store(i, k, v)
+            x = part2(x, q, k, v, mask, w2, self.cfg)
         return self.body.norm(x[:, -1])
 
-    def _next_token(self, hidden: Tensor) -> Tensor:
-        """Sample (or argmax) the next ids from final hidden states [B, H], as HF's warpers order it:
-        temperature, then top-k, then top-p."""
-        logits = self.model.get_output_embeddings()(hidden).float()
-        if self.greedy:
-            return logits.argmax(-1)
-        logits = logits / self.temperature
-        if self.top_k > 0:
-            kth = torch.topk(logits, min(self.top_k, logits.shape[-1])).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, -math.inf)
-        if self.top_p < 1.0:
-            sorted_logits, order = logits.sort(-1)  # ascending, as HF's TopPLogitsWarper
-            cumulative = sorted_logits.softmax(-1).cumsum(-1)
-            drop_sorted = cumulative <= 1 - self.top_p
-            drop_sorted[:, -1] = False  # keep at least the most likely token
-            logits = logits.masked_fill(drop_sorted.scatter(1, order, drop_sorted), -math.inf)
-        probs = logits.softmax(-1)
-        return (probs / torch.empty_like(probs).exponential_(1)).argmax(-1)
+    def _sample(self, hidden: Tensor, keys: Tensor, positions: Tensor) -> Tensor:
+        logits = self.model.get_output_embeddings()(hidden)
+        return sample(logits, keys, positions, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+                      noise=self._noise)
+
+    def _stops(self, token: Tensor) -> Tensor:
+        return (token[:, None] == self.stop_ids[None]).any(-1)
+
+    # --- per-slot state ----------------------------------------------------------------------
+    def _allocate(self, slots: int, cache_len: int, max_new: int, stop_ids: list[int], pad_id: int) -> None:
+        """The buffers every decode step reads and writes; allocated once per call, never replaced, so
+        the captured graphs stay valid while admissions rewrite their contents."""
+        dev = self.device
+        # zeros, not empty: masked entries get probability 0, and 0 * NaN garbage would still be NaN
+        self.k_cache = [torch.zeros(slots, self.n_kv, cache_len, self.head_dim, dtype=self.dtype, device=dev)
+                        for _ in self.weights]
+        self.v_cache = [torch.zeros_like(c) for c in self.k_cache]
+        self.valid = torch.zeros(slots, cache_len, dtype=torch.bool, device=dev)  # which cache entries count
+        self.tokens, self.positions, self.cursor, self.count, self.limit, self.keys = (
+            torch.zeros(slots, dtype=torch.long, device=dev) for _ in range(6))
+        self.finished = torch.ones(slots, dtype=torch.bool, device=dev)  # an empty slot has ended
+        # one spare last column: where an ended slot writes its pad, never over its tokens
+        self.out = torch.full((slots, max_new + 1), pad_id, dtype=torch.long, device=dev)
+        self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=dev)
+        self.pad, self.pad_id = pad_id, torch.tensor(pad_id, device=dev)
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+
+    def _state(self) -> list[Tensor]:
+        """What a decode step advances (the caches aside): saved around a graph's warm-up run."""
+        return [self.valid, self.out, self.finished, self.tokens, self.count, self.cursor, self.positions]
+
+    def _free(self) -> None:
+        self.k_cache = self.v_cache = []
+        self._graphs, self._pool = {}, None
+
+    @torch.no_grad()
+    def _prefill(self, wave: Wave, prompts: list[list[int]], keys: Tensor, limits: list[int]) -> None:
+        """Prefill the wave's prompts, left-padded to its width, into their slots' cache rows, reset
+        those slots' state and emit each row's first token."""
+        dev, width = self.device, wave.width
+        rows, pad = [prompts[r] for r in wave.rows], self.pad
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=dev)
+        mask = torch.tensor([[False] * (width - len(p)) + [True] * len(p) for p in rows], device=dev)
+        slots = torch.tensor(wave.slots, device=dev)
+        # HF's positions for left padding: cumsum of the mask - 1, pads at 1
+        positions = (mask.long().cumsum(-1) - 1).masked_fill_(~mask, 1)
+        attend = mask[:, None, :] & torch.ones(width, width, dtype=torch.bool, device=dev).tril_()[None]
+
+        def store(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+            self.k_cache[i][slots, :, :width] = k
+            self.v_cache[i][slots, :, :width] = v
+            return k, v  # a new row attends over its own prompt only
+
+        hidden = self._forward(ids, positions, attend, store, eager=True)
+        self.valid.index_fill_(0, slots, False)
+        self.valid[slots, :width] = mask
+        self.keys[slots] = keys[torch.tensor(wave.rows, device=keys.device)].to(dev)
+        self.limit[slots] = torch.tensor([limits[r] for r in wave.rows], device=dev)
+        self.cursor[slots] = width
+        self.positions[slots] = mask.sum(-1)
+        first = self._sample(hidden, self.keys[slots], torch.zeros_like(slots))
+        self.out.index_fill_(0, slots, pad)
+        self.out[slots, 0] = first
+        self.tokens[slots] = first
+        self.count[slots] = 1
+        self.finished[slots] = self._stops(first) | (self.limit[slots] <= 1)
 
     def _decode_step(self, length: int) -> None:
-        """One token for every row, reading and writing only the persistent state buffers."""
-        self.valid.index_fill_(1, self.slot, True)
-        hidden = self._forward(self.tokens[:, None], self.positions[:, None], self.slot,
-                               self.valid[:, None, :], length)
-        self._emit(self._next_token(hidden))
-        self.slot += 1
-        self.positions += 1
+        """One token for every slot, reading and writing only the persistent buffers (graph-safe): each
+        slot writes its key/value at its own cursor and attends over the cache up to ``length``."""
+        at = self.cursor[:, None, None, None].expand(-1, self.n_kv, 1, self.head_dim)
 
-    def _emit(self, token: Tensor) -> None:
-        token = torch.where(self.finished, self.pad_id, token)
-        self.out.index_copy_(1, self.step, token[:, None])
-        self.finished |= (token[:, None] == self.stop_ids[None]).any(-1)
+        def store(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+            self.k_cache[i].scatter_(2, at, k)
+            self.v_cache[i].scatter_(2, at, v)
+            return self.k_cache[i][:, :, :length], self.v_cache[i][:, :, :length]
+
+        self.valid.scatter_(1, self.cursor[:, None], True)
+        hidden = self._forward(self.tokens[:, None], self.positions[:, None], self.valid[:, None, :length], store)
+        token = torch.where(self.finished, self.pad_id, self._sample(hidden, self.keys, self.count))
+        live = (~self.finished).long()
+        column = torch.where(self.finished, self.out.shape[1] - 1, self.count)
+        self.out.scatter_(1, column[:, None], token[:, None])
+        self.count += live
+        self.finished |= self._stops(token) | (self.count >= self.limit)
         self.tokens.copy_(token)
-        self.step += 1
+        self.cursor += live  # an ended slot stays put: its writes never leave the cache
+        self.positions += live
+
+    def _graph(self, length: int) -> torch.cuda.CUDAGraph:
+        """The decode step at ``length`` as a CUDA graph, captured on first use. The warm-up run before
+        capture (cuBLAS handles, compilation, allocator) advances the state, so the state is saved
+        and restored around it; the keys/values it wrote sit where the replayed step writes them again.
+        Capture itself only records."""
+        graph = self._graphs.get(length)
+        if graph is None:
+            saved = [t.clone() for t in self._state()]
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._decode_step(length)
+            torch.cuda.current_stream().wait_stream(side)
+            for live, before in zip(self._state(), saved):
+                live.copy_(before)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                self._decode_step(length)
+            self._graphs[length] = graph
+        return graph
+
+    def _collect(self, schedule: SlotSchedule, results: list, on_done) -> None:
+        """The host sync: retire every slot whose row has ended, keeping its tokens."""
+        ended_flags, counts = torch.stack([self.finished.long(), self.count]).tolist()
+        ended = [s for s in schedule.busy() if ended_flags[s]]
+        if not ended:
+            return
+        for slot, ids in zip(ended, self.out[ended].tolist()):
+            row = schedule.retire(slot)
+            results[row] = ids[: counts[slot]]
+            if on_done is not None:
+                on_done(row, results[row])
 
     # --- generation ------------------------------------------------------------------------
     @torch.no_grad()
-    def generate(self, input_ids: Tensor, attention_mask: Tensor, *, max_new_tokens: int, stop_ids: list[int],
-                 pad_id: int, temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0) -> Tensor:
-        """Left-padded prompts [B, P] -> new ids [B, max_new_tokens] (``pad_id`` after a row's stop id).
-        The caller seeds the RNG; one host sync every ``sync_every`` tokens (stop once all rows ended)."""
-        self.greedy, self.temperature, self.top_p, self.top_k = temperature == 0, temperature, top_p, top_k
+    def generate(self, prompts: list[list[int]], *, max_new_tokens: int | list[int], stop_ids: list[int],
+                 pad_id: int, keys: Tensor | None = None, temperature: float = 1.0, top_p: float = 1.0,
+                 top_k: int = 0, slots: int | None = None, refill: bool = True,
+                 on_done: Callable[[int, list[int]], None] | None = None,
+                 before_prefill: Callable[[int], None] | None = None) -> list[list[int]]:
+        """The new ids of each prompt (a list of token ids): they end with a stop id when the row
+        stopped and hold no pads. ``max_new_tokens`` is one limit or one per prompt.
+
+        ``slots`` rows decode at once (default: all prompts); a row that ends hands its slot to the
+        next waiting prompt, or, with ``refill`` off, the next prompts wait until every slot is free
+        (static batching). ``keys`` [R] are the rows' sampling keys (grpo.rollout.sampling.row_keys;
+        default: seed 0, row i as prompt i). ``on_done(row, ids)`` runs as each row ends, so a caller
+        keeps finished rows when a later step fails; ``before_prefill(slots)`` runs before each
+        prefill (the out-of-memory fault hook)."""
+        if not prompts:
+            return []
+        limits = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if keys is None:
+            keys = row_keys(0, torch.arange(len(prompts)), torch.zeros(len(prompts), dtype=torch.long))
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         if not self.weights:  # released since the last call
             self.refresh()
-        b, p = input_ids.shape
-        # cache size rounded up to the bucket: fewer distinct shapes, so fewer recompiles
-        total = -(-(p + max_new_tokens) // self.bucket) * self.bucket
-        dev = self.device
-        # zeros, not empty: masked slots get probability 0, and 0 * NaN garbage would still be NaN
-        self.k_cache = [torch.zeros(b, self.n_kv, total, self.head_dim, dtype=self.dtype, device=dev)
-                        for _ in self.weights]
-        self.v_cache = [torch.zeros_like(c) for c in self.k_cache]
-        prompt_mask = attention_mask.to(dev).bool()
-        self.valid = torch.zeros(b, total, dtype=torch.bool, device=dev)
-        self.valid[:, :p] = prompt_mask
-        self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=dev)
-        self.pad_id = torch.tensor(pad_id, device=dev)
-        self.out = torch.full((b, max_new_tokens), pad_id, dtype=torch.long, device=dev)
-        self.finished = torch.zeros(b, dtype=torch.bool, device=dev)
-        self.tokens = torch.zeros(b, dtype=torch.long, device=dev)
-        self.step = torch.zeros(1, dtype=torch.long, device=dev)
+        n_slots = min(slots or len(prompts), len(prompts))
+        # cache length rounded up to the bucket: fewer distinct shapes, so fewer recompiles
+        cache_len = -(-(max(map(len, prompts)) + max(limits)) // self.bucket) * self.bucket
+        if self.compile:
+            # each new (slots, length) recompiles the layer halves once; past dynamo's default limit of 8
+            # it would silently fall back to eager (seen in bench/gpu_bench.py's many shapes)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
+                                                       64, 2 * cache_len // self.bucket + 8)
+        schedule = SlotSchedule([len(p) for p in prompts], limits, n_slots, refill=refill,
+                                sync_every=self.sync_every, bucket=self.bucket, cache_len=cache_len)
+        results: list[list[int] | None] = [None] * len(prompts)
+        self._allocate(n_slots, cache_len, max(limits), stop_ids, pad_id)
         try:
-            # prefill: HF's positions for left padding (cumsum of the mask - 1, pads at 1)
-            positions = (prompt_mask.long().cumsum(-1) - 1).masked_fill_(~prompt_mask, 1)
-            causal = torch.ones(p, p, dtype=torch.bool, device=dev).tril_()
-            mask = prompt_mask[:, None, :] & causal[None]
-            hidden = self._forward(input_ids.to(dev), positions, torch.arange(p, device=dev), mask, p, eager=True)
-            self._emit(self._next_token(hidden))
-            self.positions = positions[:, -1] + 1
-            self.slot = torch.full((1,), p, dtype=torch.long, device=dev)
-            steps = self._graphs(p, total) if self.cuda_graphs else None
-            for t in range(1, max_new_tokens):
-                if t % self.sync_every == 0 and bool(self.finished.all()):
-                    break
-                length = min(total, -(-(p + t) // self.bucket) * self.bucket)
-                if steps is None:
-                    self._decode_step(length)
-                else:
-                    steps[length].replay()
-            return self.out
+            while not schedule.done():
+                wave = schedule.admit()
+                if wave is not None:
+                    if before_prefill is not None:
+                        before_prefill(n_slots)
+                    self._prefill(wave, prompts, keys, limits)
+                stop = schedule.next_sync()
+                while schedule.step < stop:
+                    length = schedule.length()
+                    if self.cuda_graphs:
+                        self._graph(length).replay()
+                    else:
+                        self._decode_step(length)
+                    schedule.step += 1
+                self._collect(schedule, results, on_done)
+            return results
         finally:
-            self.k_cache = self.v_cache = []  # the cache and graphs go with this call
-
-    def _graphs(self, p: int, total: int) -> dict[int, torch.cuda.CUDAGraph]:
-        """Capture one decode step per cache-length bucket. Capturing runs the step, so the state it
-        advances is saved first and restored after (the K/V it wrote at slot p is rewritten later)."""
-        state = [t.clone() for t in (self.valid, self.out, self.finished, self.tokens, self.step,
-                                     self.positions, self.slot)]
-        lengths = sorted({min(total, -(-(p + t) // self.bucket) * self.bucket) for t in range(1, self.out.shape[1])})
-        graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for length in lengths:  # warm-up outside capture (cuBLAS handles, workspaces, RNG state)
-                self._decode_step(length)
-        torch.cuda.current_stream().wait_stream(side)
-        for length in lengths:
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self._decode_step(length)
-            graphs[length] = graph
-        for live, saved in zip((self.valid, self.out, self.finished, self.tokens, self.step,
-                                self.positions, self.slot), state):
-            live.copy_(saved)
-        return graphs
-
-
-def _stacked_lora(modules: list[torch.nn.Module]) -> tuple[Tensor | None, Tensor | None]:
-    """Unmerged LoRA of several projections that share an input and whose outputs are concatenated:
-    A stacked [sum r, in] and B block-diagonal [sum out, sum r] with each scaling folded in, so the
-    adapters of q, k and v cost two small matmuls, not six. (None, None) when none is active."""
-    if not any(_lora_on(m) for m in modules):
-        return None, None
-    first = next(m for m in modules if _lora_on(m))
-    device = first.lora_A.device
-    a_parts, b_blocks = [], []
-    for m in modules:
-        if _lora_on(m):
-            a_parts.append(m.lora_A.float())
-            b_blocks.append(m.lora_B.float() * m.scaling)
-        else:
-            b_blocks.append(torch.zeros(m.out_features, 0, device=device))
-    return torch.cat(a_parts), torch.block_diag(*b_blocks)
-
-
-def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """HF's apply_rotary_pos_emb on [B, T, heads, D] with cos/sin [B, T, 1, D]."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+            self._free()  # the cache and graphs go with this call

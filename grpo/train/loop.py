@@ -112,16 +112,17 @@ class Trainer:
         self.schedule = StageSchedule(len(stages), params.max_steps, params.curriculum.advance,
                                       params.curriculum.reward_threshold)
         log.info("curriculum: %s", self.schedule.plan([len(stage) for stage in stages]))
-        group = params.group_size
-        self.sizes = {
-            "generate": AdaptiveBatchSize("generate", max(1, params.generation_batch_size // group)),
+        self.sizes = {  # generate counts sequences in flight (the engine adapts it), score and train rows
+            "generate": AdaptiveBatchSize("generate", params.generation_batch_size),
             "score": AdaptiveBatchSize("score", params.train_batch_size),
             "train": AdaptiveBatchSize("train", params.train_batch_size),
         }
+        hook = FaultHook()
         self.engine = NativeEngine(self.model, self.tokenizer, batch_size=params.generation_batch_size,
-                                   backend=params.generation_backend, merge_lora=params.generation_merge_lora)
+                                   backend=params.generation_backend, merge_lora=params.generation_merge_lora,
+                                   size=self.sizes["generate"], fault_hook=hook)
         self.ctx = StepContext(self.model, self.tokenizer, self.engine, self.optimizer, self.scheduler, params,
-                               style, self.lora_params, self.sizes, FaultHook(), self.device)
+                               style, self.lora_params, self.sizes, hook, self.device)
         self.history: list[dict] = []
         self.validation: list[dict] = []
         self.samples: list[dict] = []  # logged completions, for samples.jsonl

@@ -9,7 +9,10 @@ the configured maximum.
 The fault hook (``GRPO_FAULT_OOM``) raises an out-of-memory error at chosen micro-batches, so all of
 this runs on CPU in tests. Grammar, comma separated: ``phase:N`` fails call N (0-based) of a phase,
 ``phase:size>K`` fails every call of that phase with more than K rows, ``phase:all`` fails every call.
-Phases: ``generate``, ``score``, ``train``.
+Phases: ``generate``, ``score``, ``train``. Generation adapts inside the engine
+(``grpo.rollout.native.NativeEngine``, with the same ``AdaptiveBatchSize`` and hook): it redoes only
+the rows that had not finished, and its per-row keyed sampling makes the split invisible in the
+outputs; ``run_in_micro_batches`` serves the scoring and training passes.
 """
 from __future__ import annotations
 
@@ -70,6 +73,8 @@ class AdaptiveBatchSize:
     phase: str
     maximum: int
     grow_after: int = 4
+    # what to change when even one row does not fit (the error's last words)
+    advice: str = "lower max_response_length or group_size, or use a smaller model. The last checkpoint is intact."
     current: int = 0
     clean_steps: int = 0
     oom_events: int = 0
@@ -78,17 +83,16 @@ class AdaptiveBatchSize:
     def __post_init__(self) -> None:
         self.current = self.current or self.maximum
 
-    def shrink(self, step: int) -> None:
+    def shrink(self, step: int | None = None) -> None:
+        """Halve the size after an out-of-memory error at ``step`` (None: outside a training step)."""
+        at = "" if step is None else f" at step {step}"
         if self.current == 1:
-            raise torch.OutOfMemoryError(
-                f"out of memory in {self.phase} at micro-batch size 1 (step {step}); lower "
-                f"max_response_length or group_size, or use a smaller model. The last checkpoint is intact."
-            )
+            raise torch.OutOfMemoryError(f"out of memory in {self.phase} at micro-batch size 1{at}; {self.advice}")
         self.current = max(1, self.current // 2)
         self.clean_steps = 0
         self.oom_events += 1
         self.history.append({"step": step, "phase": self.phase, "new_size": self.current})
-        log.warning("OOM in %s at step %d: micro-batch size -> %d", self.phase, step, self.current)
+        log.warning("OOM in %s%s: micro-batch size -> %d", self.phase, at, self.current)
 
     def end_step(self, had_oom: bool) -> None:
         if had_oom:

@@ -54,29 +54,18 @@ class Rollouts:
 
 
 def generate_groups(ctx: StepContext, prompts: list[dict], step: int) -> Rollouts:
-    """G completions per prompt from the current policy, in adaptive micro-batches of prompts."""
+    """G completions per prompt from the current policy, in one engine call: the engine adapts its
+    batch to out-of-memory errors itself (``ctx.sizes["generate"]``), redrawing nothing."""
     p = ctx.params
     texts = [build_prompt(ctx.tokenizer, row["question"], ctx.style) for row in prompts]
     sampling = SamplingParams(n=p.group_size, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
                               max_new_tokens=p.max_response_length, seed=p.seed * 1_000_003 + step)
-
-    def work(chunk: list[tuple[int, str]]) -> list[list[Completion]]:
-        ctx.engine.batch_size = len(chunk) * p.group_size
-        first = chunk[0][0]
-        return ctx.engine.generate([t for _, t in chunk], _reseed(sampling, first))
-
     with dense_base(ctx.model, p.dense_generation):
-        parts = run_in_micro_batches(list(enumerate(texts)), work, ctx.sizes["generate"], ctx.hook, step=step)
-    groups = [g for part in parts for g in part]
+        groups = ctx.engine.generate(texts, sampling)
     samples = [row for row in prompts for _ in range(p.group_size)]
     completions = [c for group in groups for c in group]
     responses = [full_response(ctx.style, c.text) for c in completions]
     return Rollouts(samples, completions, responses)
-
-
-def _reseed(params: SamplingParams, offset: int) -> SamplingParams:
-    return SamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                          max_new_tokens=params.max_new_tokens, seed=params.seed + offset * 7919)
 
 
 def token_logprobs(ctx: StepContext, batch: TrainBatch, *, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:

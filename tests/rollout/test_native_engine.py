@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 from grpo.model.adapter import LoraSettings, save_adapter
-from grpo.model.loading import load_policy_model, load_tokenizer
+from grpo.model.loading import load_policy_model
 from grpo.model.lora import inject_lora, lora_modules, lora_parameters
 from grpo.prompts import PromptStyle, build_prompt
 from grpo.rollout import SamplingParams, make_engine
@@ -24,16 +24,6 @@ QUESTIONS = [
     "2 + 2?",
 ]
 MAX_NEW = 12
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model_dir):
-    return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from grpo.model.loading import load_policy_model, load_tokenizer
+from grpo.model.loading import load_policy_model
 from grpo.model.lora import inject_lora, lora_modules
 from grpo.prompts import PromptStyle, build_prompt
 from grpo.rollout import SamplingParams
@@ -20,11 +20,6 @@ from grpo.rollout.static_decode import StaticDecoder
 
 QUESTIONS = ["What is 15 + 27?", "Natalia sold clips to 48 of her friends in April. How many?", "2 + 2?"]
 MAX_NEW = 10
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -110,6 +110,23 @@ def test_stale_progress_is_discarded(native, reference, tmp_path):
     assert again.resumed == 0 and again.scores == reference.scores
 
 
+def test_out_of_memory_in_generation_changes_no_sample(tiny_model_dir, recorded, tmp_path, monkeypatch):
+    """Injected out-of-memory errors in the first question batch's and a later batch's generation: the
+    engine halves its batch and redoes the unfinished rows, and every sampled token and score equals
+    the unfaulted run's (grpo.rollout.native)."""
+    reference, reference_samples = recorded
+    monkeypatch.setenv("GRPO_FAULT_OOM", "generate:0,generate:3")
+    engine = make_engine("native", model_dir=tiny_model_dir, batch_size=BATCH * SAMPLING.n)
+    try:
+        watched = Watched(engine)
+        faulted = run(watched, tmp_path / "progress.json")
+    finally:
+        engine.close()
+    assert engine.size.oom_events == 2  # 6 rows -> 3 -> 1 in flight
+    assert watched.samples == reference_samples
+    assert faulted.scores == reference.scores
+
+
 def test_batch_seed_depends_on_seed_and_position_only():
     assert batch_seed(0, 4) == batch_seed(0, 4)
     assert len({batch_seed(s, q) for s in range(3) for q in range(0, 12, 4)}) == 9

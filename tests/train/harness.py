@@ -62,5 +62,18 @@ def kill_at_step(monkeypatch, step: int) -> None:
     monkeypatch.setattr(loop_module, "grpo_step", crashing)
 
 
+def record_rollouts(monkeypatch) -> list[list[list[int]]]:
+    """Record the sampled token ids of every step's rollouts (one list per step), as the loop runs."""
+    real_step, steps = loop_module.grpo_step, []
+
+    def recording(*args, **kwargs):
+        metrics, rollouts, reasons = real_step(*args, **kwargs)
+        steps.append([c.token_ids for c in rollouts.completions])
+        return metrics, rollouts, reasons
+
+    monkeypatch.setattr(loop_module, "grpo_step", recording)
+    return steps
+
+
 def final_weights(tmp_path, name: str) -> dict[str, torch.Tensor]:
     return load_file(str(tmp_path / name / "final" / "adapter_model.safetensors"))

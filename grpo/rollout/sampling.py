@@ -1,0 +1,104 @@
+"""Next-token sampling keyed by counters, so that a sample never depends on the batch it is drawn in.
+
+Why: a request may be cut into batches differently from one run to the next (an out-of-memory retry
+halves the batch; continuous batching puts a row into whichever slot frees first). With torch's
+generators a row's draw depends on how many numbers the rows and steps before it consumed, so any
+re-split changes the samples. Here every random number is a pure function of
+
+    (seed, prompt index in the request, sample index, position in the response, vocabulary index),
+
+as vLLM's per-request seeds and counter-based generators (Philox, threefry) make it: an integer hash
+of those counters gives a uniform ``u``, ``G = -log(-log u)`` is Gumbel noise, and the next token is
+
+    argmax(processed logits + G)
+
+which is an exact sample of ``softmax(processed logits)`` (the Gumbel-max trick). Processed means
+temperature, then top-k, then top-p, in HF's warper order; what they remove is ``-inf`` and never
+wins. Temperature 0 is a plain argmax: greedy stays exactly greedy.
+
+Why Gumbel-max rather than inverse-CDF sampling (one uniform per row and a cumulative sum over the
+vocabulary, cheaper to hash): a float32 cumulative sum over ~150k probabilities drops every token
+below its rounding step once the sum nears 1 and depends on the vocabulary's order; Gumbel-max has
+neither problem, and is one elementwise pass that torch.compile fuses on a GPU. Everything is a pure
+tensor op with no torch.Generator, so the sampler can be captured in a CUDA graph.
+
+The hash: 32-bit values held in int64 tensors, with multipliers below 2**31 so that no product
+overflows; the mixer is the xorshift-multiply form of Wellons's lowbias32, a bijection on 32 bits.
+Counters are chained (``mix``) into one key per row and one per (row, position); vocabulary entry v
+hashes ``key + v * GOLDEN``. The uniform takes the top 24 bits, exact in float32 and strictly inside
+(0, 1), so the noise is finite; its resolution bounds the bias by about 2**-24 per token.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+MASK32 = 0xFFFFFFFF
+GOLDEN = 0x9E3779B9  # 2**32 / golden ratio, odd: v * GOLDEN visits every 32-bit value once
+_M1, _M2 = 0x7FEB352D, 0x21F0AAAD  # odd, below 2**31: x * M < 2**63 for any 32-bit x
+
+
+def hash32(x: Tensor) -> Tensor:
+    """A bijective mixer of 32-bit values (int64 tensors holding values in [0, 2**32))."""
+    x = x ^ (x >> 16)
+    x = (x * _M1) & MASK32
+    x = x ^ (x >> 15)
+    x = (x * _M2) & MASK32
+    return x ^ (x >> 15)
+
+
+def mix(key: Tensor, value: Tensor | int) -> Tensor:
+    """Fold ``value`` (taken mod 2**32) into ``key``: distinct values give distinct keys."""
+    return hash32(((key ^ (value & MASK32)) + GOLDEN) & MASK32)
+
+
+def row_keys(seed: int, prompt_index: Tensor, sample_index: Tensor) -> Tensor:
+    """One key per row of a request: rows are (prompt index within the request, sample index)."""
+    seed &= (1 << 64) - 1
+    key = hash32(torch.full_like(prompt_index, seed & MASK32, dtype=torch.long))
+    key = mix(key, seed >> 32)
+    return mix(mix(key, prompt_index.long()), sample_index.long())
+
+
+def gumbel_noise(keys: Tensor, positions: Tensor, vocab: int) -> Tensor:
+    """Gumbel(0, 1) noise [B, vocab] float32 for rows with ``keys`` [B] at response ``positions`` [B]."""
+    stream = mix(keys, positions.long())
+    offsets = (torch.arange(vocab, device=keys.device, dtype=torch.long) * GOLDEN) & MASK32
+    h = hash32((stream[:, None] + offsets[None]) & MASK32)
+    u = ((h >> 8).float() + 0.5) * 2.0**-24
+    return -torch.log(-torch.log(u))
+
+
+def warp(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """Temperature, then top-k (0: off), then top-p (1: off), as HF's warpers order them; removed
+    tokens get ``-inf``. Ties at the k-th value stay in, and top-p always keeps the likeliest token."""
+    logits = logits / temperature
+    if top_k > 0:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, -math.inf)
+    if top_p < 1.0:
+        sorted_logits, order = logits.sort(-1)  # ascending, as HF's TopPLogitsWarper
+        drop_sorted = sorted_logits.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop_sorted[:, -1] = False
+        logits = logits.masked_fill(drop_sorted.scatter(1, order, drop_sorted), -math.inf)
+    return logits
+
+
+def keyed_scores(logits: Tensor, keys: Tensor, positions: Tensor, *, temperature: float, top_k: int = 0,
+                 top_p: float = 1.0, noise=gumbel_noise) -> Tensor:
+    """The warped ``logits`` [B, V] plus each row's Gumbel noise: their argmax is the keyed sample.
+    ``noise`` is ``gumbel_noise`` or a compiled copy of it."""
+    logits = logits.float()
+    return warp(logits, temperature, top_k, top_p) + noise(keys, positions, logits.shape[-1])
+
+
+def sample(logits: Tensor, keys: Tensor, positions: Tensor, *, temperature: float, top_k: int = 0,
+           top_p: float = 1.0, noise=gumbel_noise) -> Tensor:
+    """The next ids [B] from ``logits`` [B, V]: the argmax when ``temperature`` is 0, else the sample
+    keyed by ``keys`` [B] (``row_keys``) at response ``positions`` [B]."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    return keyed_scores(logits, keys, positions, temperature=temperature, top_k=top_k, top_p=top_p,
+                        noise=noise).argmax(-1)

@@ -1,0 +1,137 @@
+"""The layer maths of the static decoder (grpo/rollout/static_decode.py): one Qwen2/Llama-layout layer
+as two functions over plain weight tuples, so that each half compiles (torch.compile) and the whole
+decode step can be captured as a CUDA graph.
+
+Weights: every linear layer runs as a dense matmul in the compute dtype. A bitsandbytes 4-bit base is
+de-quantised once and cached (grpo.model.dequant, the copy ``dense_base`` also uses); q/k/v run as one
+concatenated matmul. LoRA layers are either folded into that concatenated copy (``merge=True``: the
+copy exists anyway, so merging costs no memory beyond the LoRA-targeted layers) or applied unmerged as
+two extra small matmuls per projection group.
+
+Attention is computed explicitly (grouped-query matmuls, fp32 softmax) over the keys and values the
+caller passes (a cache up to a length bucket, or a prompt's own), where a boolean mask allows.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from grpo.model.dequant import dense_weight
+from grpo.model.lora import LoRALinear
+
+
+def _dense(module: torch.nn.Module, quantised: set[int], dtype: torch.dtype) -> Tensor:
+    """The frozen base weight of a linear layer in the compute dtype (4-bit: the cached dense copy)."""
+    base = module.base if isinstance(module, LoRALinear) else module
+    if id(base) in quantised:
+        return dense_weight(base)
+    return base.weight if base.weight.dtype == dtype else base.weight.to(dtype)
+
+
+def _bias(module: torch.nn.Module, dtype: torch.dtype) -> Tensor | None:
+    base = module.base if isinstance(module, LoRALinear) else module
+    return None if base.bias is None else base.bias.to(dtype)
+
+
+def _lora_on(module: torch.nn.Module) -> bool:
+    return isinstance(module, LoRALinear) and not module.disabled
+
+
+def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """HF's Qwen2/Llama RMSNorm, op for op (fp32 statistics, cast back, then scale)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def project_qkv(x: Tensor, cos: Tensor, sin: Tensor, w: tuple, cfg: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    """Layer part 1: norm, fused q/k/v projection (+ LoRA), q/k norms (Qwen3), RoPE.
+    Returns q [B, T, Hq, D] and k, v transposed for the cache [B, Hkv, T, D]."""
+    ln1, qkv_w, qkv_b, lora_a, lora_b, q_norm, k_norm = w
+    n_heads, n_kv, d, eps = cfg
+    b, t, _ = x.shape
+    h = _rms(x, ln1, eps)
+    qkv = F.linear(h, qkv_w, qkv_b)
+    if lora_a is not None:  # q/k/v adapters as one A (stacked) and one block-diagonal B, scale folded in
+        qkv = qkv + F.linear(F.linear(h.float(), lora_a), lora_b).to(qkv.dtype)
+    q, k, v = qkv.split([n_heads * d, n_kv * d, n_kv * d], dim=-1)
+    q, k, v = q.view(b, t, n_heads, d), k.view(b, t, n_kv, d), v.view(b, t, n_kv, d)
+    if q_norm is not None:
+        q, k = _rms(q, q_norm, eps), _rms(k, k_norm, eps)
+    return _rope(q, cos, sin), _rope(k, cos, sin).transpose(1, 2), v.transpose(1, 2)
+
+
+def attend_and_mlp(x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, w: tuple, cfg: tuple) -> Tensor:
+    """Layer part 2: grouped-query attention over the cache k, v [B, Hkv, L, D] where ``mask`` [B, T, L]
+    allows, output projection (+ LoRA), residual, norm, SwiGLU MLP, residual."""
+    o_w, o_b, lora_a, lora_b, ln2, gate_w, up_w, down_w = w
+    n_heads, n_kv, d, eps = cfg
+    b, t = q.shape[:2]
+    g = n_heads // n_kv
+    # query head h reads kv head h // g (HF's repeat_kv): group the heads instead of copying k/v
+    q = q.view(b, t, n_kv, g, d).permute(0, 2, 3, 1, 4).reshape(b, n_kv, g * t, d)
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * (d ** -0.5)
+    scores = scores.view(b, n_kv, g, t, -1)
+    # a large finite negative, not -inf: a row with nothing to attend to (a left pad) stays finite
+    scores = scores.masked_fill(~mask[:, None, None], torch.finfo(torch.float32).min)
+    probs = scores.softmax(-1).to(v.dtype).view(b, n_kv, g * t, -1)
+    a = torch.matmul(probs, v).view(b, n_kv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, n_heads * d)
+    o = F.linear(a, o_w, o_b)
+    if lora_a is not None:
+        o = o + F.linear(F.linear(a.float(), lora_a), lora_b).to(o.dtype)
+    x = x + o
+    h = _rms(x, ln2, eps)
+    return x + F.linear(F.silu(F.linear(h, gate_w)) * F.linear(h, up_w), down_w)
+
+@torch.no_grad()
+def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, merge: bool) -> tuple[tuple, tuple]:
+    """The weight tuples of ``project_qkv`` and ``attend_and_mlp`` for one decoder layer, built from its
+    live modules (``quantised``: ids of the 4-bit linear layers; ``merge``: fold LoRA in)."""
+    at, mlp = layer.self_attn, layer.mlp
+    qkv = [at.q_proj, at.k_proj, at.v_proj]
+
+    def dense(m):
+        w = _dense(m, quantised, dt)
+        return (w.float() + m.delta_weight().to(w.device)).to(dt) if merge and _lora_on(m) else w
+
+    qkv_w = torch.cat([dense(m) for m in qkv])
+    biases = [_bias(m, dt) for m in qkv]
+    qkv_b = None if all(b is None for b in biases) else torch.cat(
+        [torch.zeros(m.out_features, dtype=dt, device=qkv_w.device) if b is None else b
+         for m, b in zip(qkv, biases)])
+    qkv_lora = (None, None) if merge else _stacked_lora(qkv)
+    o_lora = (None, None) if merge else _stacked_lora([at.o_proj])
+    q_norm = getattr(at, "q_norm", None)
+    k_norm = getattr(at, "k_norm", None)
+    part1 = (layer.input_layernorm.weight, qkv_w, qkv_b, *qkv_lora,
+             None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight)
+    part2 = (dense(at.o_proj), _bias(at.o_proj, dt), *o_lora, layer.post_attention_layernorm.weight,
+             _dense(mlp.gate_proj, quantised, dt), _dense(mlp.up_proj, quantised, dt),
+             _dense(mlp.down_proj, quantised, dt))
+    return part1, part2
+
+
+def _stacked_lora(modules: list[torch.nn.Module]) -> tuple[Tensor | None, Tensor | None]:
+    """Unmerged LoRA of several projections that share an input and whose outputs are concatenated:
+    A stacked [sum r, in] and B block-diagonal [sum out, sum r] with each scaling folded in, so the
+    adapters of q, k and v cost two small matmuls, not six. (None, None) when none is active."""
+    if not any(_lora_on(m) for m in modules):
+        return None, None
+    first = next(m for m in modules if _lora_on(m))
+    device = first.lora_A.device
+    a_parts, b_blocks = [], []
+    for m in modules:
+        if _lora_on(m):
+            a_parts.append(m.lora_A.float())
+            b_blocks.append(m.lora_B.float() * m.scaling)
+        else:
+            b_blocks.append(torch.zeros(m.out_features, 0, device=device))
+    return torch.cat(a_parts), torch.block_diag(*b_blocks)
+
+
+def _rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """HF's apply_rotary_pos_emb on [B, T, heads, D] with cos/sin [B, T, 1, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,106 @@
+"""Counter-keyed sampling (grpo.rollout.sampling) against independent references: the empirical
+distribution of many draws against softmax and against top-k / top-p worked out by hand (chi-square,
+fixed keys, so each test is deterministic), uniform hashes, and draws that depend on their own
+counters only, never on the batch around them."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from grpo.rollout.sampling import MASK32, gumbel_noise, hash32, row_keys, sample
+
+LOGITS = [1.2, -0.4, 0.3, 2.0, -1.5, 0.9]  # distinct, so top-k and top-p have no ties
+# chi-square quantiles at 0.999, by degrees of freedom
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47, 5: 20.52, 63: 103.4}
+DRAWS = 40_000
+
+
+def chi_square(counts: list[int], probs: list[float]) -> float:
+    total = sum(counts)
+    return sum((c - total * p) ** 2 / (total * p) for c, p in zip(counts, probs) if p > 0)
+
+
+def draw(logits: list[float], n: int = DRAWS, **warp) -> list[int]:
+    """``n`` draws from one distribution: rows with distinct keys (prompt index i), and positions that
+    vary too, so both counters feed the stream."""
+    index = torch.arange(n)
+    keys = row_keys(11, index, index % 3)
+    ids = sample(torch.tensor([logits]).expand(n, -1), keys, index % 7, **warp)
+    return torch.bincount(ids, minlength=len(logits)).tolist()
+
+
+def test_hash_is_a_uniform_bijection_on_32_bits():
+    x = torch.arange(1 << 16, dtype=torch.long) * 65_537 % (1 << 32)  # 65,536 distinct 32-bit values
+    h = hash32(x)
+    assert h.min() >= 0 and h.max() <= MASK32 and len(torch.unique(h)) == len(x)
+    counts = torch.bincount(h >> 26, minlength=64).tolist()  # top 6 bits: 64 equal bins expected
+    assert chi_square(counts, [1 / 64] * 64) < CHI2_999[63]
+
+
+def test_gumbel_max_draws_follow_softmax():
+    probs = torch.tensor(LOGITS).softmax(-1).tolist()
+    assert chi_square(draw(LOGITS, temperature=1.0), probs) < CHI2_999[5]
+
+
+def test_temperature_top_k_top_p_follow_the_distribution_worked_out_by_hand():
+    temperature, top_k, top_p = 0.7, 4, 0.9
+    # by hand: softmax at temperature, the 4 likeliest renormalised, then the likeliest tokens until
+    # the mass before the next one reaches top_p (HF's rule: drop a token once the less likely mass
+    # including it is at most 1 - top_p)
+    scaled = [math.exp(x / temperature) for x in LOGITS]
+    top = sorted(range(len(LOGITS)), key=lambda i: -scaled[i])[:top_k]
+    mass = sum(scaled[i] for i in top)
+    kept, before = [], 0.0
+    for i in top:
+        if before < top_p:
+            kept.append(i)
+        before += scaled[i] / mass
+    expected = [scaled[i] / sum(scaled[j] for j in kept) if i in kept else 0.0 for i in range(len(LOGITS))]
+    assert len(kept) == 3  # top-p cuts inside the top 4
+    counts = draw(LOGITS, temperature=temperature, top_k=top_k, top_p=top_p)
+    assert all(counts[i] == 0 for i in range(len(LOGITS)) if i not in kept)
+    assert chi_square(counts, expected) < CHI2_999[len(kept) - 1]
+
+
+def test_a_draw_depends_on_its_own_counters_only():
+    torch.manual_seed(0)
+    logits = torch.randn(6, 50)
+    keys = row_keys(5, torch.tensor([0, 0, 1, 1, 2, 2]), torch.tensor([0, 1, 0, 1, 0, 1]))
+    positions = torch.tensor([0, 3, 1, 4, 2, 9])
+    together = sample(logits, keys, positions, temperature=1.0, top_p=0.9)
+    alone = [int(sample(logits[i:i + 1], keys[i:i + 1], positions[i:i + 1], temperature=1.0, top_p=0.9))
+             for i in range(6)]
+    order = torch.tensor([4, 1, 5, 0, 3, 2])
+    shuffled = sample(logits[order], keys[order], positions[order], temperature=1.0, top_p=0.9)
+    assert together.tolist() == alone and shuffled.tolist() == together[order].tolist()
+
+
+@pytest.mark.parametrize("change", ["seed", "prompt", "sample", "position"])
+def test_every_counter_changes_the_noise(change):
+    base = {"seed": 1, "prompt": 2, "sample": 3, "position": 4}
+
+    def noise(c):
+        keys = row_keys(c["seed"], torch.tensor([c["prompt"]]), torch.tensor([c["sample"]]))
+        return gumbel_noise(keys, torch.tensor([c["position"]]), 64)
+
+    first = noise(base)
+    assert torch.equal(first, noise(base))
+    other = noise({**base, change: base[change] + 1})
+    assert (first != other).float().mean() > 0.9  # unrelated streams, not a shifted copy
+    assert torch.isfinite(first).all()
+
+
+def test_large_and_negative_seeds_are_keys_too():
+    index = torch.arange(4)
+    keys = {s: row_keys(s, index, index) for s in (0, 2**40 + 1, -1, 2**32)}
+    assert len({tuple(k.tolist()) for k in keys.values()}) == 4
+
+
+def test_temperature_zero_is_the_argmax():
+    torch.manual_seed(1)
+    logits = torch.randn(8, 100)
+    keys = row_keys(0, torch.arange(8), torch.zeros(8, dtype=torch.long))
+    assert torch.equal(sample(logits, keys, torch.zeros(8, dtype=torch.long), temperature=0.0, top_k=3),
+                       logits.argmax(-1))
