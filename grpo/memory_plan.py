@@ -175,6 +175,9 @@ def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, 
         qkv = sum(a * b for name, (a, b) in shapes.items() if name in ("q_proj", "k_proj", "v_proj"))
         merged_o = merge_lora and "o_proj" in lora_targets
         per_layer = qkv + (shapes["o_proj"][0] * shapes["o_proj"][1] if merged_o else 0)
+        # MLP adapters are always merged into a copy of their layer (grpo/rollout/static_layers.py)
+        per_layer += sum(a * b for name, (a, b) in shapes.items()
+                         if name in ("gate_proj", "up_proj", "down_proj") and name in lora_targets)
         decoder = ((arch.linear_params if quantised else 0) + arch.num_hidden_layers * per_layer) * dt
     kv = sequences * tokens * arch.kv_values_per_token * dt
     logits = sequences * arch.vocab_size * sampling_bytes_per_logit(dtype, greedy=greedy, top_p=top_p, top_k=top_k)

@@ -35,7 +35,9 @@ from tqdm import tqdm
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from grpo.model.loading import disable_cpu_weight_repacking, load_policy_model, load_tokenizer
+from grpo.model.lora import lora_modules
 from grpo.rollout.base import Completion, SamplingParams, encode_prompts, make_completion, stop_token_ids
+from grpo.rollout.budget import slots_for_model
 from grpo.rollout.sampling import keyed_scores, row_keys
 from grpo.rollout.static_decode import StaticDecoder, supports
 from grpo.train.memory import AdaptiveBatchSize, FaultHook, free_memory
@@ -120,6 +122,11 @@ class NativeEngine:
         was_training = self.model.training
         self.model.eval()  # no dropout (LoRA's included) while sampling
         decoder = self._static_decoder()
+        if self.max_slots_for is None and self.model.device.type == "cuda":
+            # on a GPU every call sizes its rows in flight from the memory left (grpo/rollout/budget.py)
+            targets = tuple(sorted({name.rsplit(".", 1)[-1] for name in lora_modules(self.model)}))
+            self.max_slots_for = slots_for_model(self.model, static_decoder=decoder is not None,
+                                                 lora_targets=targets, merge_lora=self.merge_lora)
         try:
             with torch.no_grad(), tqdm(total=len(rows), desc="generate", unit="seq", disable=not progress) as bar:
                 done = self._generate_rows(rows, keys, params, decoder, bar.update)

@@ -91,9 +91,12 @@ def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, 
     at, mlp = layer.self_attn, layer.mlp
     qkv = [at.q_proj, at.k_proj, at.v_proj]
 
-    def dense(m):
+    def merged(m):  # LoRA folded into a copy of the layer's dense weight
         w = _dense(m, quantised, dt)
-        return (w.float() + m.delta_weight().to(w.device)).to(dt) if merge and _lora_on(m) else w
+        return (w.float() + m.delta_weight().to(w.device)).to(dt) if _lora_on(m) else w
+
+    def dense(m):
+        return merged(m) if merge else _dense(m, quantised, dt)
 
     qkv_w = torch.cat([dense(m) for m in qkv])
     biases = [_bias(m, dt) for m in qkv]
@@ -107,8 +110,8 @@ def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, 
     part1 = (layer.input_layernorm.weight, qkv_w, qkv_b, *qkv_lora,
              None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight)
     part2 = (dense(at.o_proj), _bias(at.o_proj, dt), *o_lora, layer.post_attention_layernorm.weight,
-             _dense(mlp.gate_proj, quantised, dt), _dense(mlp.up_proj, quantised, dt),
-             _dense(mlp.down_proj, quantised, dt))
+             # the MLP has no unmerged LoRA path: its adapters are always folded in
+             merged(mlp.gate_proj), merged(mlp.up_proj), merged(mlp.down_proj))
     return part1, part2
 
 

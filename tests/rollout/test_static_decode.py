@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo.model.loading import load_policy_model
-from grpo.model.lora import inject_lora, lora_modules
+from grpo.model.lora import inject_lora, lora_disabled, lora_modules
 from grpo.prompts import PromptStyle, build_prompt
 from grpo.rollout import SamplingParams
 from grpo.rollout.native import NativeEngine
@@ -29,8 +29,9 @@ def prompts(tokenizer) -> list[str]:
     return texts
 
 
-def _with_lora(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    inject_lora(model, targets=["q_proj", "v_proj", "o_proj", "down_proj"], r=4, alpha=8, seed=seed)
+def _with_lora(model: torch.nn.Module, seed: int = 0,
+               targets: tuple[str, ...] = ("q_proj", "v_proj", "o_proj", "down_proj")) -> torch.nn.Module:
+    inject_lora(model, targets=list(targets), r=4, alpha=8, seed=seed)
     gen = torch.Generator().manual_seed(seed)
     for m in lora_modules(model).values():
         with torch.no_grad():  # B large enough that the adapter changes greedy choices
@@ -55,6 +56,20 @@ def test_greedy_matches_generate_with_lora_and_left_padding(tiny_model_dir, toke
     bare = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
     assert bare != hf
     assert _ids(fast, prompts, params) == bare
+
+
+@pytest.mark.parametrize("merge", [True, False])
+def test_mlp_only_lora_is_decoded(tiny_model_dir, tokenizer, prompts, merge):
+    """LoRA on the MLP alone must change the static decoder's tokens exactly as it changes generate's
+    (the decoder once folded in q/k/v/o adapters only and decoded the bare MLP)."""
+    model = _with_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                       targets=("gate_proj", "up_proj", "down_proj"))
+    params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    with lora_disabled(model):
+        bare = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    assert hf != bare
+    assert _ids(NativeEngine(model, tokenizer, batch_size=3, backend="static", merge_lora=merge), prompts, params) == hf
 
 
 def test_stop_tokens_padding_and_finish_reasons(tiny_model_dir, tokenizer, prompts):
