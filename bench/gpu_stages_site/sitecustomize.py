@@ -8,7 +8,11 @@ child's PYTHONPATH), so the stage scripts run unchanged:
 """
 import os
 
-if os.environ.get("GPU_STAGES_RECORD"):
+# popped, not read: a process the stage starts (the math-verify worker) must neither import torch and
+# take a CUDA context at start-up nor overwrite the stage's record at its own exit
+_RECORD, _CAP = os.environ.pop("GPU_STAGES_RECORD", None), os.environ.pop("GPU_STAGES_CAP_GIB", None)
+
+if _RECORD:
     import atexit
     import json
     import resource
@@ -16,10 +20,9 @@ if os.environ.get("GPU_STAGES_RECORD"):
     import torch
 
     def _cap() -> None:
-        cap = os.environ.get("GPU_STAGES_CAP_GIB")
-        if cap and torch.cuda.is_available():
+        if _CAP and torch.cuda.is_available():
             total = torch.cuda.get_device_properties(0).total_memory
-            torch.cuda.set_per_process_memory_fraction(float(cap) * 2**30 / total)
+            torch.cuda.set_per_process_memory_fraction(float(_CAP) * 2**30 / total)
 
     def _record() -> None:
         gib = 2**30
@@ -28,7 +31,7 @@ if os.environ.get("GPU_STAGES_RECORD"):
             out.update(peak_allocated_GiB=round(torch.cuda.max_memory_allocated() / gib, 3),
                        peak_reserved_GiB=round(torch.cuda.max_memory_reserved() / gib, 3),
                        allocator_ooms=int(torch.cuda.memory_stats().get("num_ooms", 0)))
-        with open(os.environ["GPU_STAGES_RECORD"], "w") as fh:
+        with open(_RECORD, "w") as fh:
             json.dump(out, fh)
 
     _cap()

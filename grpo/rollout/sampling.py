@@ -36,7 +36,9 @@ import torch
 from torch import Tensor
 
 MASK32 = 0xFFFFFFFF
-GOLDEN = 0x9E3779B9  # 2**32 / golden ratio, odd: v * GOLDEN visits every 32-bit value once
+# 2**32 - 2**32 / golden ratio (0x9E3779B9), odd: v * GOLDEN visits every 32-bit value once; below
+# 2**31, like the mixer's multipliers
+GOLDEN = 0x61C88647
 _M1, _M2 = 0x7FEB352D, 0x21F0AAAD  # odd, below 2**31: x * M < 2**63 for any 32-bit x
 
 
@@ -65,7 +67,10 @@ def row_keys(seed: int, prompt_index: Tensor, sample_index: Tensor) -> Tensor:
 def gumbel_noise(keys: Tensor, positions: Tensor, vocab: int) -> Tensor:
     """Gumbel(0, 1) noise [B, vocab] float32 for rows with ``keys`` [B] at response ``positions`` [B]."""
     stream = mix(keys, positions.long())
-    offsets = (torch.arange(vocab, device=keys.device, dtype=torch.long) * GOLDEN) & MASK32
+    # v * GOLDEN as a running sum, not ``arange * GOLDEN``: inductor folds the latter into an int32
+    # index expression on CUDA, where the product overflows (it failed to compile at 151,936 ids)
+    step = torch.full((vocab,), GOLDEN, device=keys.device, dtype=torch.long)
+    offsets = (step.cumsum(0) - GOLDEN) & MASK32
     h = hash32((stream[:, None] + offsets[None]) & MASK32)
     u = ((h >> 8).float() + 0.5) * 2.0**-24
     return -torch.log(-torch.log(u))
