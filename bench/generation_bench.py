@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats, args.sync_every, args.dtype, args.all_at_once = 1, 8, "float32", True
     if args.model is None:
         parser.error("--model is required (or --smoke)")
-    device = torch.device("cpu" if args.smoke or not torch.cuda.is_available() else "cuda")
+    device = torch.device("cpu") if args.smoke or not torch.cuda.is_available() else torch.device("cuda", 0)
     if args.cap_gib and device.type == "cuda":
         total = torch.cuda.get_device_properties(device).total_memory
         torch.cuda.set_per_process_memory_fraction(args.cap_gib * GIB / total, device)

@@ -27,6 +27,8 @@ DTYPE_NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float
 
 def cuda_bytes_left(device: torch.device) -> int:
     """Bytes this process can still allocate on ``device``, less the safety margin (0 at least)."""
+    # the memory-fraction getter wants an index: a bare "cuda" means the current device
+    device = torch.device("cuda", torch.cuda.current_device() if device.index is None else device.index)
     total = torch.cuda.get_device_properties(device).total_memory
     capped = int(total * torch.cuda.get_per_process_memory_fraction(device))
     allocated = torch.cuda.memory_allocated(device)
