@@ -2,48 +2,54 @@
 
 Sources, strongest first (``mode`` picks which are allowed):
 
+0. A "final answer is X" / "final answer: X" statement that comes after the last closed box and holds
+   math or a number (rule D); without a box, source 3 reads it.
 1. ``\\boxed{...}`` / ``\\fbox{...}``: the final group of boxes (brace-matching scan, so nested
-   ``\\frac{1}{2}`` and escaped ``\\{ \\}`` work). The group starts with the last box whose braces close
-   and takes in each box before it that is joined to it by a connector (rule A); several boxes make one
-   answer, their contents joined by ", " (``\\boxed{-2} and \\boxed{1}`` gives ``-2, 1``), which the
-   equivalence compares as MATH compares solution sets: unordered.
+   ``\\frac{1}{2}`` and escaped ``\\{ \\}`` work): the last box whose braces close, and each box before
+   it that is joined to the next by a connector (rule A). Several boxes make one answer, their contents
+   joined by ", " (``\\boxed{-2} and \\boxed{1}`` gives ``-2, 1``), which the equivalence compares as
+   MATH compares solution sets: unordered.
 2. ``<answer>...</answer>``: the last closed pair. If the inner text holds a box, the box group; if it
    holds an answer phrase, that (source 3); else the whole inner text. An unclosed ``<answer>`` at the
    very end counts only when the model stopped on its own (``finish_reason="stop"``): engines that use
    ``</answer>`` as a stop string strip it from the output.
 3. "the answer is X" / "final answer: X" / "Answer: X" (case-insensitive): the last occurrence. X runs
-   to the end of its line and is cut at the first sentence-ending period. When X is prose (rule B),
-   the math inside it: its last math span or number, whichever ends last ("Final Answer: The largest
-   $n$ is 34." gives ``34``).
+   to the end of its line and is cut at the first sentence-ending period. If X holds a box, its box
+   group; if X is prose (rule B) or holds math spans, the math inside it (rule C: "Final Answer: The
+   largest $n$ is 34." gives ``34``, "$12$ and $13$" gives ``12, 13``); else X itself ("12 dollars").
 4. ``#### X`` (GSM8K style): the last occurrence, X to the end of its line.
-5. The last math span or the last number, whichever ends last (rule C): ``$x \\geq 5$ is the
+5. The last group of math spans or the last number, whichever ends last (rule C): ``$x \\geq 5$ is the
    solution`` gives ``x \\geq 5``, not ``5``; "$x$ is 7" gives ``7``.
 
-Rule D, a final-answer statement after the boxes: in ``lenient`` mode, a "final answer is X" / "final
-answer: X" phrase that comes after the last closed box and holds math or a number overrides the box
-(math-verify ranks it first too): in the Minerva format ("Final Answer: The final answer is $10,455$. I
-hope it is correct.") boxes before it are intermediate results. Without "final", a box still beats
-later prose ("\\boxed{10} The answer is 11" gives 10).
-
-Modes: ``boxed`` = 1, ``tagged`` = 2, ``strict`` = 1-2, ``lenient`` = 1-5. Rewards that demand a format use
-``strict``/``tagged``/``boxed``; evaluation uses ``lenient``.
+Modes: ``boxed`` = 1, ``tagged`` = 2, ``strict`` = 1-2, ``lenient`` = 0-5. Rewards that demand a format
+use ``strict``/``tagged``/``boxed``; evaluation uses ``lenient``.
 
 Rule A, boxes that make one answer: the text between two boxes, once layout is removed (``$``,
-``\\(`` ``\\)`` ``\\[`` ``\\]``, ``\\quad``, LaTeX spaces, the braces of ``\\text{}``), is empty, or
-is at most ``_MAX_CONNECTOR`` characters and ``_MAX_CONNECTOR_WORDS`` words holding a separator (``,`` ``;`` "and" "or") and neither a sentence end
-nor a blank line nor a word of correction or sequence (``_NOT_ONE_ANSWER``: "wait", "no", "actually",
+``\\(`` ``\\)`` ``\\[`` ``\\]``, ``\\quad``, LaTeX spaces, the braces of ``\\text{}``), is empty (but no
+blank line), or holds a separator (``,`` ``;`` "and" "or") within ``_MAX_CONNECTOR`` characters and
+``_MAX_CONNECTOR_WORDS`` words, and no brace (the boxes sit in different groups), no sentence end, no
+blank line and no word of correction or sequence (``_NOT_ONE_ANSWER``: "wait", "no", "actually",
 "then", "so", ...). ``\\boxed{1} papers and \\boxed{2} bins`` is one answer; ``\\boxed{1}. Wait, that is
-wrong: \\boxed{2}`` is a correction.
+wrong: \\boxed{2}`` and ``\\boxed{1} and then \\boxed{2}`` give the last box.
 
-Rule B, prose after an answer phrase: X holds at least two words of three or more letters outside
-LaTeX commands ("12 dollars" and "3.5 kg" are answers; "The largest $n$ is 34" is a sentence; "dy",
-"xy" are products of variables, not words). If
-the sentence holds no math and no number, X is kept whole ("cannot be determined").
+Rule B, prose: at least two words of three or more letters outside LaTeX commands and the text they
+set (``\\text{all real numbers}`` is an answer) ("12 dollars" and
+"3.5 kg" are answers; "The largest $n$ is 34" is a sentence; "dy" and "xy" are products of variables).
+A sentence that holds no math and no number is kept whole ("cannot be determined").
 
 Rule C, math spans: ``$$...$$``, ``\\[...\\]``, ``$...$`` and ``\\(...\\)`` (an escaped ``\\$`` is no
-delimiter). An inline ``$...$`` whose content is prose ("pays $5 and she has $") is currency, not math:
-its closing ``$`` may open the next span instead. Spans joined only by a separator (``$1$, $2$ and
-$3$``) make one answer, as boxes do; a number inside a span is part of it.
+delimiter; an inline span that meets a blank line is abandoned). An inline ``$...$`` whose content is
+prose ("pays $5 and she has $") is currency, not math: its closing ``$`` may open the next span
+instead. Spans joined by nothing but a separator (``$1$, $2$ and $3$``) make one answer, as boxes do.
+A number inside a span is part of it; a number is never glued to a word ("AZYUK2A" holds none), may
+group thousands with commas or single spaces ("1 000"), keeps a decimal comma whole ("2,74", for the
+equivalence to judge), and may be a LaTeX fraction written without delimiters (``\\frac{10}{9}``).
+
+Rule D, a final-answer statement after the boxes: in the Minerva format ("Final Answer: The final
+answer is $10,455$. I hope it is correct.") the boxes before the statement are intermediate results,
+and math-verify ranks that statement first too. Without "final", a box still beats later prose
+("\\boxed{10} The answer is 11" gives 10), and a statement without math ("the final answer is in the
+box above") overrides nothing.
 
 Self-correction rule: within a source, the LAST occurrence wins ("the answer is 5 ... wait, actually the
 answer is 6" gives 6; two boxes separated by a correction give the second; two ``####`` lines the
@@ -60,7 +66,8 @@ sentence-ending period (otherwise the generation may have been cut mid-number: "
 
 The result is cleaned (surrounding whitespace, ``$``, ``\\(``/``\\)``, markdown ``**``, trailing period)
 and an empty result counts as no answer. Every scan is linear in the text length (no nested regex
-quantifiers; box scans never revisit text), so a 1 MB completion takes milliseconds.
+quantifiers; box scans never revisit text; each math delimiter is looked at once), so a 1 MB
+completion takes milliseconds.
 """
 from __future__ import annotations
 
@@ -74,9 +81,7 @@ _BRACE_TOKEN = re.compile(r"\\.|[{}]", re.S)
 _PHRASE = re.compile(r"\banswer\s*(?:is\b\s*:?|:)\s*", re.I)
 _FINAL_PHRASE = re.compile(r"\bfinal\s+answer\s*(?:is\b\s*:?|:)\s*", re.I)
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
-# Not glued to a word ("AZYUK2A" holds no number). Thousands groups take a comma or a single space
-# ("1 000"); a decimal comma ("2,74") is kept whole for the equivalence to judge; ".5" is a number, and
-# so is a fraction written in LaTeX without math delimiters (``\\frac{10}{9}``, as math-verify reads it).
+# Rule C's numbers; ".5" is one too.
 _NUMBER = re.compile(
     r"(?<![^\W_])(?:(?:\d{1,3}(?:(?:,\d{3})+|(?: \d{3})+)(?!\d)|\d+)(?:[.,]\d+)?(?:[ \t]*/[ \t]*\d+)?"
     r"|(?<!\.)\.\d+|\\[dtc]?frac\{\d+(?:\.\d+)?\}\{\d+(?:\.\d+)?\})")
@@ -95,7 +100,9 @@ _NOT_ONE_ANSWER = re.compile(
 _MAX_CONNECTOR = 70  # characters
 _MAX_CONNECTOR_WORDS = 6
 _WORD = re.compile(r"[^\W\d_]{3,}")
-_LATEX_COMMAND = re.compile(r"\\(?:begin|end)\s*\{[^{}]*\}|\\[A-Za-z]+")
+# Removed before counting words: commands, environment names, and text set inside math (``\\text{all
+# real numbers}`` is an answer, not currency prose).
+_NOT_PROSE = re.compile(r"\\(?:text\w*|mbox|mathrm)\s*\{[^{}]*\}|\\(?:begin|end)\s*\{[^{}]*\}|\\[A-Za-z]+")
 
 
 def _closing_brace(text: str, start: int, limit: int) -> int | None:
@@ -190,8 +197,8 @@ def _math_spans(text: str) -> list[tuple[int, int, int, int]]:
 
 
 def _is_prose(text: str) -> bool:
-    """Rule B: at least two words of three or more letters outside LaTeX commands."""
-    words = _WORD.finditer(_LATEX_COMMAND.sub(" ", text))
+    """Rule B: at least two words of three or more letters outside LaTeX commands and ``\\text{}``."""
+    words = _WORD.finditer(_NOT_PROSE.sub(" ", text))
     return next(words, None) is not None and next(words, None) is not None
 
 

@@ -86,6 +86,8 @@ LENIENT_CASES += [
     ("The roots are $1$, $2$ and $3$", "1, 2, 3"),
     ("The area is $6$, and the perimeter is $12$", "12"),
     ("She pays $5 and he pays $7.", "7"),
+    ("so $x$ can be $\\text{all real numbers}$", "\\text{all real numbers}"),
+    ("The answer is \\text{all real numbers}.", "\\text{all real numbers}"),
     ("the probability is \\frac{1}{2}", "\\frac{1}{2}"),
     ("it comes to .5", ".5"),
     ("the total is 1 000", "1 000"),
