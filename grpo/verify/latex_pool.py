@@ -9,9 +9,9 @@ One call, ``compare(gold, pred, symmetric, timeout_s=..., retry_after_s=...)``:
 
 - ``timeout_s`` bounds the whole call from its start: waiting for another thread's call to finish
   (one worker serves one call at a time), forking a worker, and both attempts below. Only the fork
-  server's start-up (importing sympy and warming it up, several seconds, once per process) happens
-  before the clock starts: it is not a comparison, and counting it would turn the first calls of every
-  process into timeouts.
+  server's start-up (importing sympy and warming it up: 2-2.5 s here, once per process) happens
+  before the clock starts: it is not a comparison, and counting it would turn the first call of every
+  process into a timeout (another thread's call that waits meanwhile does count its wait).
 - First attempt: the serving worker. If it has not answered after ``retry_after_s``, the pair is
   retried on a fresh warm worker with the rest of the limit, while the first attempt keeps running:
   the first answer wins and the other worker is killed. Racing rather than killing the first attempt
@@ -46,6 +46,7 @@ class _Worker:
     buffer: bytes = field(default=b"")
 
     def kill(self) -> None:
+        """Stop a live worker (a dead one is only closed: its pid may already belong to another process)."""
         try:
             os.kill(self.pid, signal.SIGKILL)  # a child of the fork server, which reaps it
         except ProcessLookupError:
@@ -142,17 +143,17 @@ class LatexPool:
         try:
             worker.sock.sendall(request)
         except OSError:  # it died
-            worker.kill()
+            worker.sock.close()
             return False
         return True
 
     @staticmethod
     def _first_reply(busy: list[_Worker], deadline: float) -> tuple[_Worker | None, bytes]:
         """The first worker of ``busy`` to answer before the deadline, and its answer. Workers found dead
-        are killed and removed from ``busy``."""
+        are closed and removed from ``busy``."""
         while busy:
             remaining = deadline - time.monotonic()
-            ready = select.select([w.sock for w in busy], [], [], max(remaining, 0.0))[0] if remaining > 0 else []
+            ready = select.select([w.sock for w in busy], [], [], remaining)[0] if remaining > 0 else []
             if not ready:
                 return None, b""
             for worker in [w for w in busy if w.sock in ready]:
@@ -160,8 +161,8 @@ class LatexPool:
                     chunk = worker.sock.recv(4096)
                 except OSError:
                     chunk = b""
-                if not chunk:
-                    worker.kill()
+                if not chunk:  # it died
+                    worker.sock.close()
                     busy.remove(worker)
                     continue
                 worker.buffer += chunk
