@@ -49,6 +49,19 @@ MEGABYTE_COMPLETIONS = {
     "box of fractions": "\\boxed{" + "\\frac{1}{2}+" * (MB // 12) + "1}",
     "megabyte number": "<answer>" + "1" * MB + "</answer>",
 }
+# One pair of each kind the fork server warms up on (other expressions than its own warm-up pairs),
+# each compared first in a fresh worker: what issue 14 saw take 1.1-2.1 s on a loaded machine.
+FIRST_OF_A_KIND = {
+    "polynomial": ("(y-2)^2", "y^2-4y+4"),
+    "relation": ("y \\leq 3", "3 \\geq y"),
+    "matrix": ("\\begin{pmatrix}2&0\\\\0&2\\end{pmatrix}", "2\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}"),
+    "union of intervals": ("(-\\infty, 0) \\cup (1, 2]", "(1,2]\\cup(-\\infty,0)"),
+    "set": ("\\{3, 4\\}", "\\{4, 3\\}"),
+    "root": ("\\frac{\\sqrt{3}}{3}", "1/\\sqrt{3}"),
+    "trigonometry": ("\\cot^2(t)+1", "\\csc^2(t)"),
+    "equation": ("3x - y = 2", "y = 3x - 2"),
+    "logarithm": ("\\log_3 27", "3"),
+}
 _EXTRACTS_GOLD = ("compare_strings", "verify")  # math-verify's entry points read both strings
 PATHOLOGICAL = {  # only a kill stops these
     "power tower": "\\boxed{10^{10^{10}}}",
@@ -80,6 +93,14 @@ def child(cold_server: bool) -> dict:
     if cold_server:
         equivalence._POOL = LatexPool(cold=True)  # the benchmark's only reach inside: workers without warm-up
     startup_s, _ = _timed(lambda: equivalence.judge("\\sqrt{4}", "2", "latex"))
+    kinds = {}
+    pool = equivalence._POOL
+    for kind, (gold, pred) in FIRST_OF_A_KIND.items():
+        pool._worker.kill()  # reaching inside: the next call forks a fresh worker from the server
+        pool._worker = None
+        pool.compare("1", "1", False, timeout_s=120.0, retry_after_s=120.0)  # its first, trivial comparison
+        seconds, verdict = _timed(lambda: equivalence.judge(pred, gold, "latex"))
+        kinds[kind] = {"s": seconds, "verdict": verdict.value}
     suite = _suite_calls()
     rows = []
     for pass_name in ("cold", "warm"):
@@ -93,7 +114,7 @@ def child(cold_server: bool) -> dict:
                 seconds, result = _timed(lambda: correctness(completion, row))
                 rows.append({"pass": pass_name, "kind": kind, "name": name, "s": seconds,
                              "verdict": "timeout" if result.timed_out else str(result.value)})
-    return {"startup_s": startup_s, "retries": equivalence._POOL.retries, "timeouts": equivalence._POOL.timeouts,
+    return {"startup_s": startup_s, "retries": pool.retries, "timeouts": pool.timeouts, "kinds": kinds,
             "rows": rows}
 
 
@@ -157,12 +178,20 @@ def main() -> None:
         "pool": {f"{'cold' if r['cold_server'] else 'warm-up'}/load {r['load']}": {"retries": r["retries"],
                                                                                   "timeouts": r["timeouts"]}
                  for r in results},
+        "first_of_a_kind_s": {f"{'cold' if r['cold_server'] else 'warm-up'}/load {r['load']}": r["kinds"]
+                              for r in results},
         "table": table,
     }, indent=2) + "\n", encoding="utf-8")
     print(f"limit {limit} s (retry after {limit * equivalence.RETRY_AFTER:.2f} s)")
     for r in results:
         print(f"server {'cold' if r['cold_server'] else 'warm-up'}, load {r['load']}: start-up {r['startup_s']:.2f} s, "
               f"retries {r['retries']}, timeouts {r['timeouts']}")
+    print("| first comparison of a kind, fresh worker | " + " | ".join(FIRST_OF_A_KIND) + " |")
+    print("| --- |" + " --- |" * len(FIRST_OF_A_KIND))
+    for r in results:
+        print(f"| {'cold server' if r['cold_server'] else 'warm-up'}, load {r['load']} | "
+              + " | ".join(f"{r['kinds'][k]['s'] * 1000:.0f} ms" for k in FIRST_OF_A_KIND) + " |")
+    print()
     print("| server | load | pass | calls | median | p95 | max | timeouts | > limit + 0.2 s | worst |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for row in table:
