@@ -5,8 +5,8 @@ grader: Math-Verify's ``compare_strings``/``verify`` extract an answer from both
 extraction here, the gold typed as the prepare stage types a MATH answer), hendrycks' ``is_equiv``
 compares two final answers, open-r1's ``accuracy_reward`` scores a completion against a gold answer
 (our ``correctness`` reward). A case whose expectation we judge wrong is listed in ``DISAGREEMENTS``
-with the reason and runs as a strict xfail, so ``pytest -ra`` prints the count ("277 passed, 10
-xfailed") and every reason, and a listed case that starts to agree fails until it is taken off the list.
+with the reason and runs as a strict xfail, so ``pytest -ra`` prints the count (277 cases pass, 10
+xfail) and every reason, and a listed case that starts to agree fails until it is taken off the list.
 """
 from __future__ import annotations
 
@@ -21,10 +21,12 @@ from grpo.verify.extract import extract_answer
 from grpo.verify.rewards import correctness
 
 CASES = [json.loads(line) for line in (Path(__file__).parent / "suite" / "cases.jsonl").open(encoding="utf-8")]
-# Ten of 287 (96.5 % agree). The issue's bar of 97 % was set on a 361-case draft of this suite; on these
-# 287, two pairs of cases hold the same strings with opposite expectations (186/187, 253/254), and
-# five more are expectations the issue itself calls wrong (decimal commas aside, which we accept):
-# ordered lists, the lost \mathrm{e}. The floor below keeps the list from growing.
+# Ten of 287: 96.5 % agree. Issue 14 asked for 97 % (at most 8 here), set on a 361-case draft of this
+# suite. Two pairs of cases hold the same strings with opposite expectations (186/187, 253/254), so
+# one of each always disagrees; three more are expectations the issue itself calls wrong (ordered
+# lists 270 and 277, the lost \mathrm{e} 264). Of the other five, agreeing would take a 1e-2 tolerance
+# (133, 139), no plain numbers in answers (31, 32) or joining boxes through any short junk (191). The
+# floor keeps the list from growing.
 MIN_AGREEMENT = 0.965
 _LATEX_ONLY = ("match_types=['latex'] (no plain numbers): math-verify then cannot see a number in an inline "
                "$...$ broken by line breaks; we always read plain numbers, and the answer 9 is there")
