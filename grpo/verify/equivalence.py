@@ -10,14 +10,18 @@ Two paths, cheapest first:
    (``5 dollars``, ``12 cm``, ``3 hours``). Accepted number forms: integers, decimals, ``3/4``,
    ``\\frac{3}{4}``/``\\dfrac34``/``\\frac12``, ``1e3``, ``1.5\\times10^{3}`` and number words from zero to
    ninety-nine (``three``, ``Twenty``, ``forty-two``, ``seven apples``: the whole answer, with at most one
-   unit word, so that "one of them" stays prose).
+   unit word, so that "one of them" stays prose). Why accept them: GSM8K answers are integers that small
+   models sometimes spell out ("The answer is three."); as a whole answer a number word is unambiguous,
+   and math-verify would read "three" as the product t·h·r·e·e. Extraction never picks one out of prose
+   (in "the three of them paid 12", the answer is 12).
    Two integers must be equal; otherwise values within a relative 1e-6 match (0.333 is not 1/3, but
    0.3333333 is). Under ``answer_type="integer"`` equality is always exact.
    Percent rule: ``%`` is a unit, so 50% ≡ 50. When exactly one side carries ``%``, its fraction reading
    is accepted too, so 50% ≡ 0.5; two plain numbers 0.5 and 50 stay different.
    Decimal-comma rule: ``2,74`` is no number (a comma separates list items in MATH answers), but it is
-   accepted as 2.74 when the other side is exactly that decimal written with a point (``2.74``). The
-   rule only ever accepts: ``2,5`` against ``5,2`` still goes to the LaTeX path and compares as sets.
+   accepted as 2.74 when the other side is exactly that decimal written with a point (``2.74``), as
+   math-verify does. The rule only ever accepts (``2,5`` against ``5,2`` still goes to the LaTeX path
+   and compares as sets); it errs only on a list whose digits spell the other side's decimal.
 2. LaTeX, when either side is not a plain number: math-verify (``parse`` then ``verify(gold, pred)``,
    gold first as it requires), in worker processes under a hard time limit (``latex_pool.py`` says
    how). It covers intervals, tuples, sets (unordered, as MATH's solution sets), roots, pi, equations
@@ -54,7 +58,7 @@ from grpo.verify.latex_pool import LatexPool
 
 ANSWER_TYPES = ("integer", "number", "latex", "none")
 REL_TOL = 1e-6
-DEFAULT_TIMEOUT_S = 2.0
+DEFAULT_TIMEOUT_S = 2.0  # one MATH-style pair (two sums) takes 0.8-1.2 s on every run (bench/RESULTS.md)
 RETRY_AFTER = 1 / 3  # of the time limit: the first attempt's share; the retry gets the rest
 _MAX_NUMERIC_LEN = 200  # a number with its unit is short; longer text goes straight to the LaTeX path
 _MAX_EXPONENT = 400  # 1e999999999 would build a gigantic integer; such inputs go to the LaTeX path
@@ -121,7 +125,8 @@ def _words_to_digits(s: str) -> str:
     if match["ones"]:
         value = _ONES.index(match["ones"].lower())
     else:
-        value = 10 * (_TENS.index(match["tens"].lower()) + 2) + (_ONES.index(match["unit"].lower()) if match["unit"] else 0)
+        value = 10 * (_TENS.index(match["tens"].lower()) + 2)
+        value += _ONES.index(match["unit"].lower()) if match["unit"] else 0
     return f"{value}{match['rest'] or ''}"
 
 

@@ -243,9 +243,9 @@ def test_formatting_variants_of_an_integer_are_equivalent(n, data):
 
 
 def test_no_check_waits_for_a_replacement_worker_or_parses_a_megabyte():
-    """The call after a timeout is served by the warm spare worker; a symmetric check (both directions)
-    shares one timeout; an over-long answer is refused without parsing."""
-    assert is_equivalent("\\sqrt{36}", "6", "latex")  # the worker (and its spare) are up
+    """The call after a timeout is served by a fresh fork of the warm server; a symmetric check (both
+    directions) shares one timeout; an over-long answer is refused without parsing."""
+    assert is_equivalent("\\sqrt{36}", "6", "latex")  # the fork server and a worker are up
     timings = {}
     for name, check in [
         ("timeout", lambda: is_equivalent("10^{10^{12}}", "3", "latex", timeout_s=1.0)),
