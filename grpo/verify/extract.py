@@ -41,9 +41,10 @@ Rule C, math spans: ``$$...$$``, ``\\[...\\]``, ``$...$`` and ``\\(...\\)`` (an 
 delimiter; an inline span that meets a blank line is abandoned). An inline ``$...$`` whose content is
 prose ("pays $5 and she has $") is currency, not math: its closing ``$`` may open the next span
 instead. Spans joined by nothing but a separator (``$1$, $2$ and $3$``) make one answer, as boxes do.
-A number inside a span is part of it; a number is never glued to a word ("AZYUK2A" holds none), may
-group thousands with commas or single spaces ("1 000"), keeps a decimal comma whole ("2,74", for the
-equivalence to judge), and may be a LaTeX fraction written without delimiters (``\\frac{10}{9}``).
+A number inside a span is part of it. A number is never glued to a Latin word or a digit ("AZYUK2A"
+holds none; "答案是42" holds 42), may group thousands with commas or single spaces ("1 000"), keeps a
+decimal comma whole ("2,74", for the equivalence to judge), and may be a LaTeX fraction written
+without delimiters (``\\frac{10}{9}``).
 
 Rule D, a final-answer statement after the boxes: in the Minerva format ("Final Answer: The final
 answer is $10,455$. I hope it is correct.") the boxes before the statement are intermediate results,
@@ -83,7 +84,7 @@ _FINAL_PHRASE = re.compile(r"\bfinal\s+answer\s*(?:is\b\s*:?|:)\s*", re.I)
 _SENTENCE_END = re.compile(r"\.(?:\s|$)")
 # Rule C's numbers; ".5" is one too.
 _NUMBER = re.compile(
-    r"(?<![^\W_])(?:(?:\d{1,3}(?:(?:,\d{3})+|(?: \d{3})+)(?!\d)|\d+)(?:[.,]\d+)?(?:[ \t]*/[ \t]*\d+)?"
+    r"(?<![A-Za-z\d])(?:(?:\d{1,3}(?:(?:,\d{3})+|(?: \d{3})+)(?!\d)|\d+)(?:[.,]\d+)?(?:[ \t]*/[ \t]*\d+)?"
     r"|(?<!\.)\.\d+|\\[dtc]?frac\{\d+(?:\.\d+)?\}\{\d+(?:\.\d+)?\})")
 _SIGNS = "-+\u2212\u2012\u2013\ufe63\uff0d"  # ASCII, minus sign, figure/en dash, small/fullwidth
 _WRAPPERS = (("\\(", "\\)"), ("\\[", "\\]"), ("**", "**"))

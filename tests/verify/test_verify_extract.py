@@ -93,6 +93,7 @@ LENIENT_CASES += [
     ("the total is 1 000", "1 000"),
     ("Soucis : 2,74 $ a..", "2,74"),
     ("AZYUK2A", None),
+    ("所以答案是42。", "42"),
     # rule D: a final-answer statement holding math, after the boxes, overrides them
     ("so \\boxed{200} and later \\boxed{255}. Final Answer: The final answer is $10,455$. I hope it is correct.",
      "10,455"),
