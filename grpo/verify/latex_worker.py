@@ -1,18 +1,18 @@
 """math-verify in child processes, so that the parent can enforce a hard timeout by killing one.
 
-Started by ``grpo.verify.latex_pool`` as ``python latex_worker.py PARENT_PID [--cold]`` with its stdin
-a Unix socket, the control channel (a plain script: it imports only math-verify, never the project or the
-parent's ``__main__``). It imports math-verify, compares the ``WARM_UP`` pairs, writes ``ready`` and
-becomes a fork server: for each socket the parent passes over the control channel (``SCM_RIGHTS``) it
-forks a worker that serves comparisons on that socket.
+Started by ``grpo.verify.latex_pool`` as ``python latex_worker.py PARENT_PID [--cold]`` with its
+stdin a Unix socket, the control channel (a plain script: it imports only math-verify, never the
+project or the parent's ``__main__``). It imports math-verify, compares the ``WARM_UP`` pairs, writes
+``ready`` and becomes a fork server: for each socket the parent passes over the control channel
+(``SCM_RIGHTS``) it forks a worker that serves comparisons on that socket.
 
 Why a fork server: the first comparison of a new kind of answer in a fresh process pays for sympy's
-lazy imports and caches (measured here: 0.54 s for the first polynomial, 0.27 s for the first pair
-of equations, 0.15 s for a first root, against 1-70 ms once warm; 1.1-2.1 s each on a loaded
-machine), which is what made a 1 s limit flip verdicts. ``WARM_UP`` pays those costs once, in this
-process; a fork of a warm process is warm, and forking takes milliseconds where a fresh interpreter
-takes seconds, so a worker that replaces a killed one is warm at once. ``--cold`` skips the warm-up
-(the latency benchmark and a test use it to reproduce a cold worker).
+lazy imports and caches: about 0.3 s for the first polynomial, trigonometric identity or equation in a
+fresh worker, under 0.1 s after the warm-up (bench/RESULTS.md), and 1.1-2.1 s each on the loaded
+machine of issue 14, which is what made a 1 s limit flip verdicts. ``WARM_UP`` pays those costs once,
+in this process; a fork of a warm process is warm, and forking takes milliseconds where a fresh
+interpreter takes seconds, so a worker that replaces a killed one is warm at once. ``--cold`` skips
+the warm-up (the latency benchmark and a test use it to reproduce a cold worker).
 
 Worker protocol, one line each way: the worker first writes its pid; then, for each request
 ``["<gold>", "<pred>", symmetric]`` (JSON), it answers ``1`` or ``0`` (symmetric: either direction of
@@ -37,7 +37,7 @@ WARM_UP = (
     ("1", "1"),
     ("(x+1)^2", "x^2+2x+1"),
     ("x \\geq 5", "5 \\leq x"),
-    ("\\begin{pmatrix}1 & 2\\\\ 3 & 4\\end{pmatrix}", "\\begin{pmatrix}1 & 2\\\\ 3 & 4\\end{pmatrix}"),
+    ("\\begin{pmatrix}2 & 4\\\\ 6 & 8\\end{pmatrix}", "2\\begin{pmatrix}1 & 2\\\\ 3 & 4\\end{pmatrix}"),
     ("(-\\infty, 1) \\cup [2, \\infty)", "[2,\\infty)\\cup(-\\infty,1)"),
     ("\\{1,2\\}", "\\{2,1\\}"),
     ("\\frac{\\sqrt{2}}{2}", "\\sqrt2/2"),
