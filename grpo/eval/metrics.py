@@ -28,6 +28,7 @@ class SampleResult:
     answer: str | None  # the extracted answer; None when the response has none
     length: int  # generated tokens
     finish_reason: str  # "stop" or "length" (truncated)
+    timed_out: bool = False  # the equivalence check ran out of time (then ``correct`` is False)
 
 
 def k_values(n: int) -> list[int]:
@@ -114,8 +115,9 @@ def summarize(groups: Sequence[Sequence[SampleResult]], *, elapsed_s: float,
 
     Keys: ``num_questions``, ``n``, ``pass@1``, ``pass@1_stderr``, ``pass@k`` for k in k_values(n),
     ``maj@k`` for those k >= 2 (maj@1 is just the first sample's accuracy), ``answer_rate``,
-    ``truncation_rate``, ``mean_length`` (tokens) and ``tokens_per_s`` (generated tokens over
-    ``elapsed_s``, the generation wall time).
+    ``truncation_rate``, ``mean_length`` (tokens), ``tokens_per_s`` (generated tokens over
+    ``elapsed_s``, the generation wall time) and ``verify_timeouts`` (samples whose correctness check
+    timed out: a score with timeouts is a lower bound).
     """
     if not groups:
         raise ValueError("no questions to summarize")
@@ -140,5 +142,6 @@ def summarize(groups: Sequence[Sequence[SampleResult]], *, elapsed_s: float,
         truncation_rate=sum(s.finish_reason == "length" for s in samples) / len(samples),
         mean_length=total_tokens / len(samples),
         tokens_per_s=total_tokens / elapsed_s if elapsed_s > 0 else 0.0,
+        verify_timeouts=sum(s.timed_out for s in samples),
     )
     return metrics

@@ -5,7 +5,8 @@ params), the answer is extracted leniently from the full response (prefill + com
 checked against the gold answer with the benchmark row's ``answer_type``. Outputs:
 
 - ``eval/<model>/<benchmark>.jsonl``: one line per sample (``id``, ``sample``, ``completion``, ``answer``,
-  ``gold``, ``correct``, ``length`` in tokens, ``finish_reason``), for error analysis and the report;
+  ``gold``, ``correct``, ``length`` in tokens, ``finish_reason``), for error analysis and the report
+  (a sample whose check timed out is not correct; ``verify_timeouts`` in the metrics counts them);
 - ``metrics/eval/<model>/<benchmark>.json``: the metrics of ``grpo.eval.metrics.summarize``.
 
 The adapter is applied by the engine (vLLM serves it as a LoRA on the unchanged base, the native
@@ -29,7 +30,7 @@ from grpo.io import atomic_write_json, atomic_write_text, read_jsonl, write_json
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout import GenerationEngine, SamplingParams, make_engine
 from grpo.rollout.base import resolve_engine_kind
-from grpo.verify import answers_equivalent, extract_answer, is_equivalent
+from grpo.verify import Verdict, answers_equivalent, extract_answer, judge
 
 log = logging.getLogger(__name__)
 MODELS = ("base", "final", "best")
@@ -88,8 +89,10 @@ def evaluate_rows(engine: GenerationEngine, tokenizer, rows: list[dict], protoco
         for index, completion in enumerate(group):
             answer = extract_answer(full_response(style, completion.text), mode="lenient",
                                     finish_reason=completion.finish_reason)
-            correct = answer is not None and is_equivalent(answer, row["answer"], row["answer_type"])
-            question_results.append(SampleResult(correct, answer, len(completion.token_ids), completion.finish_reason))
+            verdict = judge(answer, row["answer"], row["answer_type"])
+            correct = verdict is Verdict.EQUIVALENT
+            question_results.append(SampleResult(correct, answer, len(completion.token_ids), completion.finish_reason,
+                                                 timed_out=verdict is Verdict.TIMEOUT))
             records.append({"id": row["id"], "sample": index, "completion": completion.text, "answer": answer,
                             "gold": row["answer"], "correct": correct, "length": len(completion.token_ids),
                             "finish_reason": completion.finish_reason})

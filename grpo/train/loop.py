@@ -247,6 +247,7 @@ class Trainer:
             "curriculum_transitions": self.schedule.transitions,
             "time_generate_s": sum(h.get("time_generate_s", 0.0) for h in self.history),
             "time_train_s": sum(h.get("time_train_s", 0.0) for h in self.history),
+            "verify_timeouts": sum(h.get("verify_timeouts", 0.0) for h in self.history),
         }
         for name in self.params.rewards:
             key = f"reward/{name}"

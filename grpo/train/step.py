@@ -186,9 +186,9 @@ def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[st
     t_gen = time.perf_counter() - t0
     n_tokens = [len(c.token_ids) for c in ro.completions]
     finish = [c.finish_reason for c in ro.completions]
-    totals, per_fn, reasons = compute_rewards(ro.responses, ro.samples, dict(p.rewards), finish, n_tokens,
-                                              p.max_response_length)
-    rewards = torch.tensor(totals, dtype=torch.float32)
+    scored = compute_rewards(ro.responses, ro.samples, dict(p.rewards), finish, n_tokens, p.max_response_length)
+    per_fn, reasons = scored.per_fn, scored.reasons
+    rewards = torch.tensor(scored.totals, dtype=torch.float32)
     adv = compute_advantages(rewards, p.group_size, p.advantage_scale)
     keep_rows = torch.ones(len(rewards), dtype=torch.bool)
     if p.skip_zero_variance_groups:
@@ -199,6 +199,7 @@ def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[st
         "response_length_mean": sum(n_tokens) / len(n_tokens), "response_length_max": float(max(n_tokens)),
         "truncated_frac": finish.count("length") / len(finish),
         "rollout_tokens_per_s": sum(n_tokens) / max(t_gen, 1e-9), "time_generate_s": t_gen, **peaks,
+        "verify_timeouts": float(scored.verify_timeouts),
     }
     metrics.update({f"reward/{name}": sum(v) / len(v) for name, v in per_fn.items()})
     if "correctness" in per_fn:

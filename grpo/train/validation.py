@@ -23,12 +23,13 @@ def validate(engine: GenerationEngine, tokenizer, rows: list[dict], style: Promp
     finish = [c.finish_reason for c in completions]
     lengths = [len(c.token_ids) for c in completions]
     format_fn = "r1_format" if style.style == "r1" else "tagged_format_soft"
-    _, per_fn, _ = compute_rewards(responses, samples, {"correctness": 1.0, format_fn: 1.0}, finish, lengths,
-                                   max_new_tokens)
+    scored = compute_rewards(responses, samples, {"correctness": 1.0, format_fn: 1.0}, finish, lengths,
+                             max_new_tokens)
     count = len(completions)
     return {
-        "accuracy": sum(per_fn["correctness"]) / count,
-        "format_rate": sum(per_fn[format_fn]) / count,
+        "accuracy": sum(scored.per_fn["correctness"]) / count,
+        "format_rate": sum(scored.per_fn[format_fn]) / count,
+        "verify_timeouts": float(scored.verify_timeouts),
         "response_length_mean": sum(lengths) / count,
         "truncated_frac": finish.count("length") / count,
         "num_questions": float(len(rows)),

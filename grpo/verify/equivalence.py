@@ -4,26 +4,40 @@ Two paths, cheapest first:
 
 1. Numeric (no sympy). Both sides are read as exact rationals (``normalize_number``) after NFKC
    normalisation (Unicode digits, fullwidth forms) and stripping of presentation: ``$``/``\\$``,
-   thousands separators (``1,234``, ``1{,}234``, ``1\\,234``), ``\\text{}``/``\\mathrm{}`` wrappers,
-   ``\\! \\, \\; \\left \\right``, degrees (``90^\\circ``, ``90°``), a leading ``+``, Unicode minus, and unit
-   words after a space (``5 dollars``, ``12 cm``, ``3 hours``). Accepted number forms: integers,
-   decimals, ``3/4``, ``\\frac{3}{4}``/``\\dfrac34``/``\\frac12``, ``1e3`` and ``1.5\\times10^{3}``.
+   thousands separators (``1,234``, ``1{,}234``, ``1\\,234``, and a space: ``1 000``, ``12 345.5``; the
+   groups must all have three digits), ``\\text{}``/``\\mathrm{}`` wrappers, ``\\! \\, \\; \\left \\right``,
+   degrees (``90^\\circ``, ``90°``), a leading ``+``, Unicode minus, and unit words after a space
+   (``5 dollars``, ``12 cm``, ``3 hours``). Accepted number forms: integers, decimals, ``3/4``,
+   ``\\frac{3}{4}``/``\\dfrac34``/``\\frac12``, ``1e3``, ``1.5\\times10^{3}`` and number words from zero to
+   ninety-nine (``three``, ``Twenty``, ``forty-two``, ``seven apples``: the whole answer, with at most one
+   unit word, so that "one of them" stays prose). Why accept them: GSM8K answers are integers that small
+   models sometimes spell out ("The answer is three."); as a whole answer a number word is unambiguous,
+   and math-verify would read "three" as the product t·h·r·e·e. Extraction never picks one out of prose
+   (in "the three of them paid 12", the answer is 12).
    Two integers must be equal; otherwise values within a relative 1e-6 match (0.333 is not 1/3, but
    0.3333333 is). Under ``answer_type="integer"`` equality is always exact.
    Percent rule: ``%`` is a unit, so 50% ≡ 50. When exactly one side carries ``%``, its fraction reading
    is accepted too, so 50% ≡ 0.5; two plain numbers 0.5 and 50 stay different.
+   Decimal-comma rule: ``2,74`` is no number (a comma separates list items in MATH answers), but it is
+   accepted as 2.74 when the other side is exactly that decimal written with a point (``2.74``), as
+   math-verify does. The rule only ever accepts (``2,5`` against ``5,2`` still goes to the LaTeX path
+   and compares as sets); it errs only on a list whose digits spell the other side's decimal.
 2. LaTeX, when either side is not a plain number: math-verify (``parse`` then ``verify(gold, pred)``,
-   gold first as it requires). It covers intervals, tuples, sets, roots, pi, equations like ``x=5``.
-   math-verify's own timeout uses SIGALRM (main thread only), so it runs in a child process
-   (``latex_worker.py``) that is killed when a call overruns ``timeout_s``; a timeout counts as not
-   equivalent (and is cached like any other result). A warm spare worker takes over at once, so the
-   call after a timeout does not wait for sympy to import (about 0.5 s here). A symmetric check
-   (``answers_equivalent``) tries both directions inside one request, under one timeout. An answer
-   longer than ``_MAX_LATEX_LEN`` characters is not equivalent without being parsed: no final answer
-   is that long (MATH-500's longest gold answer has 53), and a megabyte of "answer" would only burn the
-   timeout. Results are cached because semantic-entropy clustering compares the same pairs often.
-   The worker serves one call at a time; concurrent callers queue, and each one's timeout only starts
-   once its request is sent. POSIX only (``select`` on pipes, ``fork`` and resource limits).
+   gold first as it requires), in worker processes under a hard time limit (``latex_pool.py`` says
+   how). It covers intervals, tuples, sets (unordered, as MATH's solution sets), roots, pi, equations
+   like ``x=5``. ``\\mathrm{e}`` and ``\\mathrm{i}`` are rewritten to ``e`` and ``i`` first (math-verify
+   reads ``e`` as Euler's number, ``\\exp(x)`` as e^x, but loses an upright ``\\mathrm{e}`` entirely). A
+   symmetric check (``answers_equivalent``) tries both directions inside one call, under one limit.
+   An answer longer than ``_MAX_LATEX_LEN`` characters is not equivalent without being parsed: no
+   final answer is that long (MATH-500's longest gold answer has 53), and a megabyte of "answer"
+   would only burn the time limit. Verdicts are cached because semantic-entropy clustering compares
+   the same pairs often.
+
+Timeouts: ``timeout_s`` bounds a whole call (waiting for the worker included); after
+``RETRY_AFTER`` of it the pair is retried on a fresh warm worker. A call that still gets no answer
+is ``Verdict.TIMEOUT``: logged with the pair, never cached (the same pair asked again is compared
+again), and counted by the rewards and the evaluation (``verify_timeouts``). ``is_equivalent`` and
+``answers_equivalent`` read a timeout as "not shown equivalent"; ``judge`` tells the three apart.
 
 ``answer_type="none"`` (GSM-Plus "critical thinking" rows whose question lacks information): the
 prediction is right iff it says the problem cannot be answered (``says_unanswerable``); any number is
@@ -32,37 +46,47 @@ wrong.
 from __future__ import annotations
 
 import atexit
+import enum
 import functools
-import json
+import logging
 import os
 import re
-import select
-import subprocess
-import sys
-import threading
-import time
 import unicodedata
 from fractions import Fraction
-from pathlib import Path
+
+from grpo.verify.latex_pool import LatexPool
 
 ANSWER_TYPES = ("integer", "number", "latex", "none")
 REL_TOL = 1e-6
+DEFAULT_TIMEOUT_S = 2.0  # one MATH-style pair (two sums) takes 0.8-1.2 s on every run (bench/RESULTS.md)
+RETRY_AFTER = 1 / 3  # of the time limit: the first attempt's share; the retry gets the rest
 _MAX_NUMERIC_LEN = 200  # a number with its unit is short; longer text goes straight to the LaTeX path
 _MAX_EXPONENT = 400  # 1e999999999 would build a gigantic integer; such inputs go to the LaTeX path
 _MAX_LATEX_LEN = 2000
 
+_LOG = logging.getLogger(__name__)
 _MINUSES = dict.fromkeys(map(ord, "\u2212\u2012\u2013\ufe63"), "-")
 _TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|mathrm|mbox|operatorname)\s*\{([^{}]*)\}")
 _SPACING = re.compile(r"\\[!,;: ]|\\left\b|\\right\b|~")
 _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree\b|\\circ\b")
 _PERCENT = re.compile(r"\s*(?:\\%|%|\bper\s*cent\b)$", re.I)
 _UNIT_TAIL = re.compile(r"\s+[a-z]+(?:[ ./]+[a-z]+)*(?:\^\{?[23]\}?)?$", re.I)
-_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_THOUSANDS = re.compile(r"^[+-]?[1-9]\d{0,2}([, ])\d{3}(?:\1\d{3})*(?:\.\d+)?$")  # one separator throughout
 _DECIMAL = re.compile(r"^[+-]?(?:\d+\.?\d*|\.\d+)(?:e[+-]?(\d+))?$", re.I)
+_DECIMAL_COMMA = re.compile(r"^([+-]?\d+),(\d+)$")
+_POINT_DECIMAL = re.compile(r"^[+-]?\d*\.\d+$")
 _TIMES_TEN = re.compile(r"^(.+?)\s*(?:\\times|\\cdot|×|\*)\s*10\s*\^\s*\{?\s*([+-]?\d+)\s*\}?$")
 _FRAC_ARG = r"(?:\{\s*([+-]?[\d.]+)\s*\}|(\d))"
 _LATEX_FRAC = re.compile(rf"^([+-]?)\\[dt]?frac\s*{_FRAC_ARG}\s*{_FRAC_ARG}$")
 _SLASH_FRAC = re.compile(r"^([+-]?[\d.]+)\s*/\s*([+-]?[\d.]+)$")
+_UPRIGHT_CONSTANT = re.compile(r"\\mathrm\s*\{\s*([ei])\s*\}")
+
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen "
+         "sixteen seventeen eighteen nineteen").split()
+_TENS = "twenty thirty forty fifty sixty seventy eighty ninety".split()
+_NUMBER_WORDS = re.compile(
+    rf"^(?:(?P<tens>{'|'.join(_TENS)})(?:[- ](?P<unit>{'|'.join(_ONES[1:10])}))?|(?P<ones>{'|'.join(_ONES)}))"
+    r"(?P<rest>\s+[a-z]+)?$", re.I)
 
 _UNANSWERABLE = re.compile(
     r"\b(?:none|no answer|no solution|unanswerable|undetermined|indeterminate|unknown|"
@@ -71,6 +95,12 @@ _UNANSWERABLE = re.compile(
     r"not (?:possible|able) to (?:determine|answer|calculate))\b",
     re.I,
 )
+
+
+class Verdict(enum.Enum):
+    EQUIVALENT = "equivalent"
+    DIFFERENT = "different"
+    TIMEOUT = "timeout"  # the LaTeX comparison did not finish within the time limit
 
 
 def _ascii_digits(s: str) -> str:
@@ -87,9 +117,22 @@ def _strip_presentation(s: str) -> str:
     return s[1:-1].strip() if s.startswith("(") and s.endswith(")") else s  # "(3)"; a tuple stays no number
 
 
+def _words_to_digits(s: str) -> str:
+    """``forty-two apples`` → ``42 apples``; anything else unchanged."""
+    match = _NUMBER_WORDS.match(s)
+    if match is None:
+        return s
+    if match["ones"]:
+        value = _ONES.index(match["ones"].lower())
+    else:
+        value = 10 * (_TENS.index(match["tens"].lower()) + 2)
+        value += _ONES.index(match["unit"].lower()) if match["unit"] else 0
+    return f"{value}{match['rest'] or ''}"
+
+
 def _plain_number(s: str) -> Fraction | None:
-    if _THOUSANDS.match(s):
-        s = s.replace(",", "")
+    if thousands := _THOUSANDS.match(s):
+        s = s.replace(thousands.group(1), "")
     decimal = _DECIMAL.match(s)
     if decimal is None or (decimal.group(1) and int(decimal.group(1)) > _MAX_EXPONENT):
         return None
@@ -127,7 +170,7 @@ def _parse_numeric(s: str) -> tuple[Fraction, bool] | None:
     """(value, written as a percent) for a plain number with presentation around it, else None."""
     if len(s) > _MAX_NUMERIC_LEN:
         return None
-    s = _strip_presentation(s)
+    s = _words_to_digits(_strip_presentation(s))
     percent = _PERCENT.search(s)
     if percent:
         s = s[: percent.start()].strip()
@@ -161,131 +204,91 @@ def _numbers_match(a: tuple[Fraction, bool], b: tuple[Fraction, bool], exact: bo
     return False
 
 
+def _decimal_comma_match(a: str, b: str) -> bool:
+    """The decimal-comma rule: ``2,74`` against ``2.74`` (either way round)."""
+    if len(a) > _MAX_NUMERIC_LEN or len(b) > _MAX_NUMERIC_LEN:
+        return False
+    a, b = _strip_presentation(a), _strip_presentation(b)
+    for comma, point in ((a, b), (b, a)):
+        match = _DECIMAL_COMMA.match(comma)
+        if match and not _THOUSANDS.match(comma) and _POINT_DECIMAL.match(point):
+            return Fraction(f"{match[1]}.{match[2]}") == Fraction(point)
+    return False
+
+
 def says_unanswerable(answer: str) -> bool:
     """True for answers like "None", "cannot be determined", "not enough information" (no digits)."""
     text = _TEXT_WRAPPER.sub(r" \1", _ascii_digits(answer))
     return not any(c.isdigit() for c in text) and _UNANSWERABLE.search(text) is not None
 
 
-class _LatexWorker:
-    """A ``latex_worker.py`` child serving requests, plus a warm spare that replaces it the moment it is
-    killed for overrunning a timeout (or dies), so no call waits for a fresh worker's start-up."""
-
-    START_TIMEOUT_S = 120.0  # importing sympy on a loaded 2-core machine can take a while
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen | None = None
-        self._spare: subprocess.Popen | None = None
-        self._ready = False  # whether self._proc has said "ready"
-
-    def compare(self, gold: str, pred: str, symmetric: bool, timeout_s: float) -> bool:
-        with self._lock:
-            proc = self._ensure_ready()
-            try:
-                proc.stdin.write((json.dumps([gold, pred, symmetric]) + "\n").encode())
-                proc.stdin.flush()
-                reply = self._read_line(proc, timeout_s)
-            except OSError:
-                reply = None
-            if reply is None:  # timed out, or died (e.g. a sympy recursion crash): the spare takes over
-                self._kill(proc)
-                self._proc = None
-                return False
-            return reply == b"1"
-
-    def stop(self) -> None:
-        for proc in (self._proc, self._spare):
-            self._kill(proc)
-        self._proc = self._spare = None
-
-    def forget_after_fork(self) -> None:
-        # A forked child must not share the parent's worker pipes (or a lock held by a parent thread).
-        self._lock = threading.Lock()
-        self._proc = self._spare = None
-
-    @staticmethod
-    def _kill(proc: subprocess.Popen | None) -> None:
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout):
-                pipe.close()
-
-    @staticmethod
-    def _spawn() -> subprocess.Popen:
-        script = Path(__file__).with_name("latex_worker.py")
-        return subprocess.Popen([sys.executable, str(script), str(os.getpid())], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, bufsize=0)
-
-    def _ensure_ready(self) -> subprocess.Popen:
-        if self._proc is None or self._proc.poll() is not None:
-            self._kill(self._proc)
-            spare_alive = self._spare is not None and self._spare.poll() is None
-            self._proc, self._spare, self._ready = (self._spare if spare_alive else self._spawn()), None, False
-        if not self._ready:
-            if self._read_line(self._proc, self.START_TIMEOUT_S) != b"ready":
-                self.stop()
-                raise RuntimeError("the math-verify worker (grpo/verify/latex_worker.py) did not start; "
-                                   "is math-verify installed?")
-            self._ready = True
-        if self._spare is None or self._spare.poll() is not None:
-            self._kill(self._spare)
-            self._spare = self._spawn()  # imports while the serving worker answers
-        return self._proc
-
-    @staticmethod
-    def _read_line(proc: subprocess.Popen, timeout_s: float) -> bytes | None:
-        """One reply line, or None on timeout or end of stream. POSIX only (select on a pipe)."""
-        deadline = time.monotonic() + timeout_s
-        buffer = b""
-        while not buffer.endswith(b"\n"):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([proc.stdout], [], [], remaining)[0]:
-                return None
-            chunk = os.read(proc.stdout.fileno(), 4096)
-            if not chunk:
-                return None
-            buffer += chunk
-        return buffer.strip()
+_POOL = LatexPool()
+atexit.register(_POOL.stop)
+os.register_at_fork(after_in_child=_POOL.forget_after_fork)
 
 
-_WORKER = _LatexWorker()
-atexit.register(_WORKER.stop)
-os.register_at_fork(after_in_child=_WORKER.forget_after_fork)
+class _Undecided(Exception):
+    """The worker pool gave no answer within the limit. Raised, not returned, so that ``lru_cache``
+    (which stores only returned values) never keeps a timeout as a verdict."""
 
 
 @functools.lru_cache(maxsize=65536)
 def _latex_equal(gold: str, pred: str, timeout_s: float, symmetric: bool = False) -> bool:
-    if len(gold) > _MAX_LATEX_LEN or len(pred) > _MAX_LATEX_LEN:
-        return False
-    return _WORKER.compare(gold, pred, symmetric, timeout_s)
+    result = _POOL.compare(gold, pred, symmetric, timeout_s=timeout_s, retry_after_s=timeout_s * RETRY_AFTER)
+    if result is None:
+        raise _Undecided
+    return result
 
 
 def _latex_form(s: str) -> str:
-    return s.replace("\\$", "").strip().strip("$").strip()
+    return _UPRIGHT_CONSTANT.sub(r"\1", s.replace("\\$", "")).strip().strip("$").strip()
 
 
-def is_equivalent(pred: str | None, gold: str, answer_type: str = "number", *, timeout_s: float = 1.0) -> bool:
+def _latex_verdict(gold: str, pred: str, timeout_s: float, symmetric: bool) -> Verdict:
+    if len(gold) > _MAX_LATEX_LEN or len(pred) > _MAX_LATEX_LEN:
+        return Verdict.DIFFERENT
+    gold_form, pred_form = _latex_form(gold), _latex_form(pred)
+    if symmetric:
+        gold_form, pred_form = sorted((gold_form, pred_form))  # one cache entry for (a, b) and (b, a)
+    if gold_form == pred_form:
+        return Verdict.EQUIVALENT
+    try:
+        return Verdict.EQUIVALENT if _latex_equal(gold_form, pred_form, timeout_s, symmetric) else Verdict.DIFFERENT
+    except _Undecided:
+        _LOG.warning("verifier timeout (limit %.1f s): gold %r, pred %r", timeout_s, gold[:200], pred[:200])
+        return Verdict.TIMEOUT
+
+
+def judge(pred: str | None, gold: str, answer_type: str = "number", *,
+          timeout_s: float = DEFAULT_TIMEOUT_S) -> Verdict:
     """Whether ``pred`` answers a question whose gold answer is ``gold`` (rules in the module docstring)."""
     if answer_type not in ANSWER_TYPES:
-        raise ValueError(f"is_equivalent: unknown answer_type {answer_type!r}; "
+        raise ValueError(f"unknown answer_type {answer_type!r}; "
                          f"allowed: {', '.join(ANSWER_TYPES)}")
     if pred is None or not pred.strip():
-        return False
+        return Verdict.DIFFERENT
     if answer_type == "none":
-        return says_unanswerable(pred)
+        return Verdict.EQUIVALENT if says_unanswerable(pred) else Verdict.DIFFERENT
     if pred.strip() == gold.strip():
-        return True
+        return Verdict.EQUIVALENT
     gold_number, pred_number = _parse_numeric(gold), _parse_numeric(pred)
     if gold_number is not None and pred_number is not None:
-        return _numbers_match(gold_number, pred_number, exact=answer_type == "integer")
-    gold_form, pred_form = _latex_form(gold), _latex_form(pred)
-    return gold_form == pred_form or _latex_equal(gold_form, pred_form, timeout_s)
+        same = _numbers_match(gold_number, pred_number, exact=answer_type == "integer")
+        return Verdict.EQUIVALENT if same else Verdict.DIFFERENT
+    if _decimal_comma_match(gold, pred):
+        return Verdict.EQUIVALENT
+    return _latex_verdict(gold, pred, timeout_s, symmetric=False)
 
 
-def answers_equivalent(a: str | None, b: str | None, *, timeout_s: float = 1.0) -> bool:
-    """Symmetric equivalence of two predicted answers (semantic-entropy clustering). None matches nothing."""
+def is_equivalent(pred: str | None, gold: str, answer_type: str = "number", *,
+                  timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """``judge(...) is Verdict.EQUIVALENT``: a timeout reads as not equivalent (and is logged)."""
+    return judge(pred, gold, answer_type, timeout_s=timeout_s) is Verdict.EQUIVALENT
+
+
+def answers_equivalent(a: str | None, b: str | None, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> bool:
+    """Symmetric equivalence of two predicted answers (semantic-entropy clustering). None matches nothing;
+    a timeout reads as not equivalent (and is logged)."""
     if a is None or b is None or not a.strip() or not b.strip():
         return False
     if a.strip() == b.strip():
@@ -293,5 +296,6 @@ def answers_equivalent(a: str | None, b: str | None, *, timeout_s: float = 1.0) 
     a_number, b_number = _parse_numeric(a), _parse_numeric(b)
     if a_number is not None and b_number is not None:
         return _numbers_match(a_number, b_number, exact=False)
-    a_form, b_form = sorted((_latex_form(a), _latex_form(b)))  # one cache entry for (a, b) and (b, a)
-    return a_form == b_form or _latex_equal(a_form, b_form, timeout_s, symmetric=True)
+    if _decimal_comma_match(a, b):
+        return True
+    return _latex_verdict(a, b, timeout_s, symmetric=True) is Verdict.EQUIVALENT

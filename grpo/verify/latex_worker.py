@@ -1,10 +1,22 @@
-"""math-verify in a child process, so that the parent can enforce a hard timeout by killing it.
+"""math-verify in child processes, so that the parent can enforce a hard timeout by killing one.
 
-Started by ``grpo.verify.equivalence`` as ``python latex_worker.py PARENT_PID`` (a plain script: the
-child imports only math-verify, never the project or the parent's ``__main__``). Protocol, one line each way:
-the parent writes ``["<gold>", "<pred>", symmetric]`` as JSON, the worker answers ``1`` or ``0``
-(symmetric: either direction of math-verify's ``verify`` suffices). The worker first
-writes ``ready`` once math-verify is imported and warmed up, so start-up time never eats a call's timeout.
+Started by ``grpo.verify.latex_pool`` as ``python latex_worker.py PARENT_PID [--cold]`` with its
+stdin a Unix socket, the control channel (a plain script: it imports only math-verify, never the
+project or the parent's ``__main__``). It imports math-verify, compares the ``WARM_UP`` pairs, writes
+``ready`` and becomes a fork server: for each socket the parent passes over the control channel
+(``SCM_RIGHTS``) it forks a worker that serves comparisons on that socket.
+
+Why a fork server: the first comparison of a new kind of answer in a fresh process pays for sympy's
+lazy imports and caches: about 0.3 s for the first polynomial, trigonometric identity or equation in a
+fresh worker, under 0.1 s after the warm-up (bench/RESULTS.md), and 1.1-2.1 s each on the loaded
+machine of issue 14, which is what made a 1 s limit flip verdicts. ``WARM_UP`` pays those costs once,
+in this process; a fork of a warm process is warm, and forking takes milliseconds where a fresh
+interpreter takes seconds, so a worker that replaces a killed one is warm at once. ``--cold`` skips
+the warm-up (the latency benchmark and a test use it to reproduce a cold worker).
+
+Worker protocol, one line each way: the worker first writes its pid; then, for each request
+``["<gold>", "<pred>", symmetric]`` (JSON), it answers ``1`` or ``0`` (symmetric: either direction of
+math-verify's ``verify`` suffices). An exception inside math-verify reads as ``0`` (not shown equal).
 """
 from __future__ import annotations
 
@@ -12,11 +24,29 @@ import json
 import logging
 import os
 import resource
+import select
 import signal
+import socket
 import sys
-import time
 
 MEMORY_LIMIT_BYTES = 4 << 30  # address space; a MemoryError inside math-verify reads as "not equal"
+PARENT_POLL_S = 1.0
+# One pair of each kind whose first comparison is slow: polynomials (simplify), relations, matrices,
+# intervals and unions, sets, roots, trigonometry, equations solved for a variable, logarithms, tuples.
+WARM_UP = (
+    ("1", "1"),
+    ("(x+1)^2", "x^2+2x+1"),
+    ("x \\geq 5", "5 \\leq x"),
+    ("\\begin{pmatrix}2 & 4\\\\ 6 & 8\\end{pmatrix}", "2\\begin{pmatrix}1 & 2\\\\ 3 & 4\\end{pmatrix}"),
+    ("(-\\infty, 1) \\cup [2, \\infty)", "[2,\\infty)\\cup(-\\infty,1)"),
+    ("\\{1,2\\}", "\\{2,1\\}"),
+    ("\\frac{\\sqrt{2}}{2}", "\\sqrt2/2"),
+    ("\\tan^2(y)+1", "\\sec^2(y)"),
+    ("2x+4y-3=0", "y=-\\frac{1}{2}x+\\frac{3}{4}"),
+    ("\\log_2 8", "3"),
+    ("(1, 2), (3, 4)", "(3,4),(1,2)"),
+    ("10\\%", "0.1"),
+)
 
 
 def compare(gold: str, pred: str) -> bool:
@@ -30,53 +60,78 @@ def compare(gold: str, pred: str) -> bool:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
-def _contain_runaways(parent_pid: int) -> None:
-    """Bound what one runaway comparison can cost, and never outlive the parent.
+def _answer(request: bytes) -> bytes:
+    gold, pred, symmetric = json.loads(request)
+    try:
+        result = compare(gold, pred) or (symmetric and compare(pred, gold))
+    except Exception:  # noqa: BLE001 - any failure to parse or compare means "not shown equal"
+        result = False
+    return b"1\n" if result else b"0\n"
+
+
+def _serve(conn: socket.socket) -> None:
+    """A worker: its pid, then one answer per request line, until the parent closes the socket."""
+    conn.sendall(f"{os.getpid()}\n".encode())
+    buffer = b""
+    while True:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            conn.sendall(_answer(line))
+
+
+def _parent_alive(parent_pid: int) -> bool:
+    try:
+        os.kill(parent_pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # the pid exists (possibly reused); treat the parent as alive
+        pass
+    return True
+
+
+def _fork_workers(control: socket.socket, parent_pid: int) -> None:
+    """Fork one worker per socket received, until the parent closes the channel or dies.
 
     A pathological input (``10^{10^{10}}``) spends its time inside one C-level big-integer operation
-    that holds the GIL, so neither a signal handler nor a thread of this process can stop it. The
-    parent kills the worker on timeout; if the parent itself dies abruptly, a forked watchdog process
-    (no GIL to wait for) kills the worker. The address-space cap turns memory blow-ups into MemoryError.
+    that holds the GIL, so only a kill stops a worker; the parent kills it on timeout. If the parent
+    dies abruptly, this process kills its whole process group (itself and every worker). The parent's
+    own forks may keep the channel open, so the parent's pid is polled as well.
     """
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    soft = MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT_BYTES, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
-    worker_pid = os.getpid()
-    if os.fork() != 0:
-        return
-    # The watchdog must not hold the protocol pipes open, or the parent would not see the worker die.
-    os.close(0)
-    os.close(1)
-    while os.getppid() == worker_pid:  # reparented once the worker is gone: then just exit
-        try:
-            os.kill(parent_pid, 0)
-        except ProcessLookupError:
-            os.kill(worker_pid, signal.SIGKILL)
+    while _parent_alive(parent_pid):
+        if not select.select([control], [], [], PARENT_POLL_S)[0]:
+            continue
+        message, fds, _, _ = socket.recv_fds(control, 1, 1)
+        if not message:
             break
-        except PermissionError:  # the pid exists (possibly reused); treat the parent as alive
-            pass
-        time.sleep(1.0)
-    os._exit(0)
+        if not fds:
+            continue
+        if os.fork() == 0:
+            control.close()
+            _serve(socket.socket(fileno=fds[0]))
+            os._exit(0)
+        os.close(fds[0])
+    os.killpg(0, signal.SIGKILL)
 
 
 def main() -> None:
-    _contain_runaways(int(sys.argv[1]))
-    # Replies go through a private copy of stdout; anything a library prints lands on stderr instead
-    # of corrupting the protocol.
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "w")
+    parent_pid = int(sys.argv[1])
+    control = socket.socket(fileno=os.dup(sys.stdin.fileno()))
+    _, hard = resource.getrlimit(resource.RLIMIT_AS)
+    soft = MEMORY_LIMIT_BYTES if hard == resource.RLIM_INFINITY else min(MEMORY_LIMIT_BYTES, hard)
+    resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # workers are reaped by the kernel
+    # Anything a library prints lands on stderr instead of the protocol.
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     logging.basicConfig(level=logging.ERROR)
-    compare("1", "1")
-    replies.write("ready\n")
-    replies.flush()
-    for line in sys.stdin:
-        gold, pred, symmetric = json.loads(line)
-        try:
-            result = compare(gold, pred) or (symmetric and compare(pred, gold))
-        except Exception:  # noqa: BLE001 - any failure to parse or compare means "not shown equal"
-            result = False
-        replies.write("1\n" if result else "0\n")
-        replies.flush()
+    if "--cold" not in sys.argv:
+        for gold, pred in WARM_UP:
+            compare(gold, pred)
+    control.sendall(b"ready\n")
+    _fork_workers(control, parent_pid)
 
 
 if __name__ == "__main__":

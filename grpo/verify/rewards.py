@@ -10,6 +10,10 @@ correctness 2.0, int 0.5, strict format 0.5, soft format 0.5, xmlcount up to 0.5
     rewards: {correctness: 2.0, integer_answer: 0.5, tagged_format_strict: 0.5,
               tagged_format_soft: 0.5, tag_count: 1.0}
 
+A correctness reward whose LaTeX comparison timed out is 0 with ``timed_out`` set (the verdict is
+unknown, not "wrong"); ``compute_rewards`` counts those completions in ``verify_timeouts``, which the
+training log and the evaluation metrics report, so a run that loses verdicts to timeouts says so.
+
 Where this module differs from the recipe: the strict format regex uses DOTALL (the recipe's did not,
 so multi-line reasoning never matched), and ``tag_count`` charges the text after ``</answer>`` once
 (the recipe charged it twice when ``\\n</answer>\\n`` was present).
@@ -19,8 +23,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from grpo.verify.equivalence import is_equivalent, normalize_number
+from grpo.verify.equivalence import Verdict, judge, normalize_number
 from grpo.verify.extract import extract_answer, last_boxed
 
 OVERLONG_BUFFER_FRACTION = 0.2  # DAPO's soft overlong punishment starts 20% of max_tokens before the cap
@@ -34,6 +39,7 @@ _INTEGER_LITERAL = re.compile(r"[+\-\u2212]?(?:\d{1,3}(?:,\d{3})+|\d+)")
 class RewardResult:
     value: float
     reason: str  # short, for logs: "gold 42, got 41", "no <answer> tag", "truncated"
+    timed_out: bool = False  # the equivalence check ran out of time: the value is not a verdict
 
 
 RewardFn = Callable[..., RewardResult]
@@ -48,8 +54,11 @@ def _correctness(completion: str, sample: Mapping, finish_reason: str, mode: str
     pred = extract_answer(completion, mode=mode, finish_reason=finish_reason)
     if pred is None:
         return RewardResult(0.0, "truncated, no answer" if finish_reason == "length" else "no answer")
-    ok = is_equivalent(pred, gold, sample.get("answer_type", "number"))
-    return RewardResult(1.0 if ok else 0.0, f"gold {_short(gold)}, got {_short(pred)}")
+    verdict = judge(pred, gold, sample.get("answer_type", "number"))
+    reason = f"gold {_short(gold)}, got {_short(pred)}"
+    if verdict is Verdict.TIMEOUT:
+        return RewardResult(0.0, f"{reason}: verifier timeout", timed_out=True)
+    return RewardResult(1.0 if verdict is Verdict.EQUIVALENT else 0.0, reason)
 
 
 def correctness(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
@@ -154,6 +163,13 @@ REWARD_FUNCTIONS: dict[str, RewardFn] = {
 }
 
 
+class Rewards(NamedTuple):
+    totals: list[float]  # weighted sum per completion
+    per_fn: dict[str, list[float]]  # each function's raw values
+    reasons: list[dict[str, str]]  # each completion's reasons by function
+    verify_timeouts: int  # completions with a reward whose equivalence check timed out
+
+
 def compute_rewards(
     completions: Sequence[str],
     samples: Sequence[Mapping],
@@ -161,8 +177,8 @@ def compute_rewards(
     finish_reasons: Sequence[str],
     num_tokens: Sequence[int],
     max_tokens: int,
-) -> tuple[list[float], dict[str, list[float]], list[dict[str, str]]]:
-    """Weighted reward totals, each function's raw values, and each completion's reasons by function."""
+) -> Rewards:
+    """Every reward of ``weights`` for every completion, their weighted totals, and the timeout count."""
     unknown = sorted(set(weights) - set(REWARD_FUNCTIONS))
     if unknown:
         raise ValueError(f"unknown reward function(s) {', '.join(unknown)}; "
@@ -174,11 +190,15 @@ def compute_rewards(
     totals = [0.0] * len(completions)
     per_fn: dict[str, list[float]] = {name: [] for name in weights}
     reasons: list[dict[str, str]] = [{} for _ in completions]
+    timeouts = 0
     for i, (completion, sample, finish, tokens) in enumerate(zip(completions, samples, finish_reasons, num_tokens)):
+        timed_out = False
         for name, weight in weights.items():
             result = REWARD_FUNCTIONS[name](completion, sample, finish_reason=finish, num_tokens=tokens,
                                             max_tokens=max_tokens)
             per_fn[name].append(result.value)
             reasons[i][name] = result.reason
             totals[i] += weight * result.value
-    return totals, per_fn, reasons
+            timed_out = timed_out or result.timed_out
+        timeouts += timed_out
+    return Rewards(totals, per_fn, reasons, timeouts)

@@ -76,12 +76,12 @@ def test_maj_at_k_clusters_equivalent_answers_written_differently():
 
 
 def test_summarize():
-    def s(correct, answer, length=10, finish="stop"):
-        return SampleResult(correct, answer, length, finish)
+    def s(correct, answer, length=10, finish="stop", timed_out=False):
+        return SampleResult(correct, answer, length, finish, timed_out)
 
     groups = [
-        [s(True, "4"), s(True, "4"), s(False, "5"), s(True, "4")],
-        [s(False, "1"), s(False, "2"), s(False, "2"), s(True, "3")],
+        [s(True, "4"), s(True, "4"), s(False, "5", timed_out=True), s(True, "4")],
+        [s(False, "1"), s(False, "2", timed_out=True), s(False, "2"), s(True, "3")],
         [s(False, None, 100, "length")] * 4,
     ]
     m = summarize(groups, elapsed_s=2.0, equivalent=exact)
@@ -97,5 +97,6 @@ def test_summarize():
     assert m["answer_rate"] == pytest.approx(8 / 12)
     assert m["mean_length"] == pytest.approx((8 * 10 + 4 * 100) / 12)
     assert m["tokens_per_s"] == pytest.approx(480 / 2.0)
+    assert m["verify_timeouts"] == 2
     with pytest.raises(ValueError):
         summarize([[s(True, "1")], []], elapsed_s=1.0, equivalent=exact)

@@ -78,6 +78,7 @@ def test_scoring_and_record_order(tiny_model_dir):
     assert [r["answer"] for r in records[:4]] == ["124", "124", "124", "123"]
     assert [r["correct"] for r in records[:4]] == [False, False, False, True]
     assert metrics["pass@1"] == 0.25 and metrics["pass@4"] == 1.0 and metrics["maj@4"] == 0.0
+    assert metrics["verify_timeouts"] == 0
 
 
 def read_completions(path: Path) -> list[str]:

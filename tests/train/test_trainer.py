@@ -23,9 +23,10 @@ def test_trains_only_lora_and_writes_outputs(tmp_path, tiny_model_dir):
     weights = final_weights(tmp_path, "plain")
     assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in weights.items())
     summary = json.loads((tmp_path / "plain/train.json").read_text())
-    assert summary["steps"] == 3
+    assert summary["steps"] == 3 and summary["verify_timeouts"] == 0
     steps = (tmp_path / "plain/metrics/steps.csv").read_text().splitlines()
     assert len(steps) == 4 and "reward/digit_share" in steps[0] and "kl_mean" in steps[0]
+    assert "verify_timeouts" in steps[0].split(",")
     assert all(f"peak_memory_gib/{phase}" in steps[0] for phase in ("generate", "score", "train"))
     validation = (tmp_path / "plain/metrics/validation.csv").read_text().splitlines()
     assert [line.split(",")[0] for line in validation[1:]] == ["2", "3"]

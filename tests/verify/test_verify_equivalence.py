@@ -70,6 +70,24 @@ EQUIVALENT = [
     ("2^3", "8", "integer"),
     ("\\sqrt{4}", "2", "integer"),
     ("2\\sqrt{3}", "\\sqrt{12}", "latex"),
+    # issue 14: spaced thousands, number words, decimal commas, upright e and i, unordered answer sets
+    ("1 000", "1000", "integer"),
+    ("12 345.5", "12345.5", "number"),
+    ("1\u202f000", "1000", "integer"),  # a narrow no-break space
+    ("three", "3", "integer"),
+    ("Twenty-five", "25", "integer"),
+    ("ninety nine", "99", "integer"),
+    ("seven apples", "7", "integer"),
+    ("\\text{zero}", "0", "integer"),
+    ("2,74", "2.74", "number"),
+    ("0.111", "0,111", "latex"),
+    ("1000,99", "1000.99", "number"),
+    ("\\mathrm{e}^2", "e^2", "latex"),
+    ("\\exp(2)", "e^{2}", "latex"),
+    ("1 - \\frac{1}{\\mathrm{e}}", "1-e^{-1}", "latex"),
+    ("2\\mathrm{i}", "2i", "latex"),
+    ("-2, 1", "1, -2", "latex"),
+    ("(99, 503), (98, 2)", "(98, 2), (99, 503)", "latex"),
 ]
 
 NOT_EQUIVALENT = [
@@ -92,6 +110,15 @@ NOT_EQUIVALENT = [
     (None, "5", "integer"),
     ("the cat", "5", "integer"),
     ("1/0", "0", "number"),
+    ("1 - \\frac{1}{\\mathrm{e}}", "1 + \\frac{1}{\\mathrm{e}}", "latex"),
+    ("\\mathrm{e}^2", "2", "latex"),
+    ("1 00", "100", "integer"),  # a space groups three digits, never two
+    ("one of them", "1", "integer"),  # a number word is the whole answer, or one unit word after it
+    ("twenty one apples each", "21", "integer"),
+    ("5,2", "2.5", "number"),  # the decimal comma keeps its digits
+    ("1,234", "1.234", "number"),  # a thousands separator, never a decimal comma
+    ("2,5", "25", "integer"),
+    ("1, 2", "1, 3", "latex"),
 ]
 
 
@@ -145,6 +172,7 @@ def test_normalize_number(text, value):
     [
         ("1,000", "1000", True), ("0.5", "\\frac{1}{2}", True), ("\\frac{1}{2}", "0.5", True),
         ("50%", "0.5", True), ("x=3", "3", True), ("3", "x=3", True), ("\\{1,2\\}", "\\{2,1\\}", True),
+        ("2,5", "5,2", True), ("2,74", "2.74", True), ("three", "3.0", True), ("1 000", "1,000", True),
         ("2", "3", False), (None, "3", False), (None, None, False),
     ],
 )
@@ -215,9 +243,9 @@ def test_formatting_variants_of_an_integer_are_equivalent(n, data):
 
 
 def test_no_check_waits_for_a_replacement_worker_or_parses_a_megabyte():
-    """The call after a timeout is served by the warm spare worker; a symmetric check (both directions)
-    shares one timeout; an over-long answer is refused without parsing."""
-    assert is_equivalent("\\sqrt{36}", "6", "latex")  # the worker (and its spare) are up
+    """The call after a timeout is served by a fresh fork of the warm server; a symmetric check (both
+    directions) shares one timeout; an over-long answer is refused without parsing."""
+    assert is_equivalent("\\sqrt{36}", "6", "latex")  # the fork server and a worker are up
     timings = {}
     for name, check in [
         ("timeout", lambda: is_equivalent("10^{10^{12}}", "3", "latex", timeout_s=1.0)),
@@ -245,9 +273,9 @@ MEGABYTE = 1_000_000
 def test_one_megabyte_completion_is_scored_within_a_second(completion, correct):
     row = {"answer": "42", "answer_type": "integer"}
     start = time.perf_counter()
-    total, per_fn, _ = compute_rewards([completion], [row], {"correctness": 1.0}, ["stop"], [10], 16)
+    scored = compute_rewards([completion], [row], {"correctness": 1.0}, ["stop"], [10], 16)
     assert time.perf_counter() - start < 1.0
-    assert per_fn["correctness"] == [correct]
+    assert scored.per_fn["correctness"] == [correct] and scored.verify_timeouts == 0
 
 
 DIGITS = {"ascii": "0", "arabic-indic": "\u0660", "extended-arabic-indic": "\u06f0", "devanagari": "\u0966",

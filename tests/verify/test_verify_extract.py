@@ -53,6 +53,54 @@ LENIENT_CASES = [
     ("", None),
 ]
 
+# Issue 14: several boxes, answer phrases followed by a sentence, math spans before bare numbers.
+LENIENT_CASES += [
+    # rule A: the final group of boxes joined by a connector is one answer
+    ("\\boxed{-2} and \\boxed{1}", "-2, 1"),
+    ("$$\\boxed{(98, 2)} \\quad\\text{and}\\quad \\boxed{(99, 503)}$$", "(98, 2), (99, 503)"),
+    ("\\boxed{1},\\boxed{2},\\boxed{3}", "1, 2, 3"),
+    ("$\\boxed{1}\\boxed{2}$", "1, 2"),
+    ("\\boxed{1} papers and \\boxed{2} bins", "1, 2"),
+    ("\\(y_1 = \\boxed{3} \\) and \\( y_2 = \\boxed{4} \\)", "3, 4"),
+    ("\\boxed{5} and \\boxed{5}", "5"),
+    ("We first get \\boxed{7}.\n\nHence the roots are \\boxed{1} or \\boxed{2}.", "1, 2"),
+    # ... and boxes apart, or corrected, are not
+    ("\\boxed{5}, no wait, \\boxed{6}", "6"),
+    ("\\boxed{1} no no no no no \\boxed{2}", "2"),
+    ("\\boxed{1}\n\n\\boxed{2}", "2"),
+    ("\\boxed{1}, which we checked against every case listed in the table above, \\boxed{2}", "2"),
+    ("\\boxed{\\boxed{7}} and \\boxed{8}", "8"),
+    # rule B: an answer phrase followed by a sentence yields the math inside it
+    ("Final Answer: The largest $n$ is 34.", "34"),
+    ("Answer: the volume of $ABCH$ is 120 cubic units", "120"),
+    ("The answer is $12$ and $13$.", "12, 13"),
+    ("The answer is three apples.", "three apples"),
+    ("The answer is it cannot be determined.", "it cannot be determined"),
+    ("The answer is: 12 dollars per hour", "12"),
+    # rule C: the last math span or number, whichever ends last
+    ("Therefore $x \\geq 5$ is the solution.", "x \\geq 5"),
+    ("The identity matrix is $\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}$.", "\\begin{pmatrix}1&0\\\\0&1\\end{pmatrix}"),
+    ("so \\[ x = \\frac{10}{9} \\]", "x = \\frac{10}{9}"),
+    ("Answer $ \\frac{1}{2} \\$ = \\frac{10}{9} $", "\\frac{1}{2} \\$ = \\frac{10}{9}"),
+    ("We have $a=3$, so the sum is 7", "7"),
+    ("The roots are $1$, $2$ and $3$", "1, 2, 3"),
+    ("The area is $6$, and the perimeter is $12$", "12"),
+    ("She pays $5 and he pays $7.", "7"),
+    ("so $x$ can be $\\text{all real numbers}$", "\\text{all real numbers}"),
+    ("The answer is \\text{all real numbers}.", "\\text{all real numbers}"),
+    ("the probability is \\frac{1}{2}", "\\frac{1}{2}"),
+    ("it comes to .5", ".5"),
+    ("the total is 1 000", "1 000"),
+    ("Soucis : 2,74 $ a..", "2,74"),
+    ("AZYUK2A", None),
+    ("所以答案是42。", "42"),
+    # rule D: a final-answer statement holding math, after the boxes, overrides them
+    ("so \\boxed{200} and later \\boxed{255}. Final Answer: The final answer is $10,455$. I hope it is correct.",
+     "10,455"),
+    ("\\boxed{12}. The final answer is in the box above.", "12"),
+    ("The final answer is \\boxed{7}", "7"),
+]
+
 
 @pytest.mark.parametrize(("text", "expected"), LENIENT_CASES)
 def test_lenient_extraction(text, expected):
@@ -71,6 +119,8 @@ TRUNCATED_CASES = [
     ("\\boxed{5} hmm, maybe \\boxed{6", "5"),
     ("<answer>5</answer> hmm <answer>6", "5"),
     ("the answer is \\boxed{12", None),
+    ("so $x = 5$ and", None),  # nor the math-span fallback
+    ("\\boxed{3} and \\boxed{4", "3"),
 ]
 
 
@@ -131,8 +181,14 @@ LONG = 1_000_000
         "answer is " * (LONG // 10),
         "1," * (LONG // 2),
         "x" * LONG,
+        "$" * LONG,
+        "$5 and she has " * (LONG // 15),
+        "\\(" * (LONG // 2),
+        "\\boxed{1}, " * (LONG // 11),
+        "a1" * (LONG // 2),
     ],
-    ids=["prose-boxed", "prose", "open-braces", "open-boxes", "open-tags", "phrases", "commas", "letters"],
+    ids=["prose-boxed", "prose", "open-braces", "open-boxes", "open-tags", "phrases", "commas", "letters",
+         "dollars", "currency", "open-parens", "many-boxes", "glued-digits"],
 )
 @pytest.mark.parametrize("finish_reason", ["stop", "length"])
 def test_one_megabyte_is_fast(text, finish_reason):

@@ -164,8 +164,8 @@ RECIPE_WEIGHTS = {"correctness": 2.0, "integer_answer": 0.5, "tagged_format_stri
 def test_compute_rewards_reproduces_the_recipe_scale():
     wrong = "<reasoning>\nguess\n</reasoning>\n<answer>\n41\n</answer>\nxyz"
     truncated = "<reasoning>\n6 times 7 is"
-    totals, per_fn, reasons = compute_rewards([PERFECT, wrong, truncated], [ROW, ROW, ROW], RECIPE_WEIGHTS,
-                                              ["stop", "stop", "length"], [20, 20, 100], 100)
+    totals, per_fn, reasons, timeouts = compute_rewards([PERFECT, wrong, truncated], [ROW, ROW, ROW],
+                                                        RECIPE_WEIGHTS, ["stop", "stop", "length"], [20, 20, 100], 100)
     # PERFECT: 2.0 + 0.5 + 0.5 + 0.5 + 0.5 = 4.0 (the recipe's maximum).
     # wrong: 0 + 0.5 (41 is an integer) + 0 (trailing text) + 0.5 + (0.5 - 0.003) = 1.497.
     # truncated: only "<reasoning>\n" counts: 0.125.
@@ -175,11 +175,12 @@ def test_compute_rewards_reproduces_the_recipe_scale():
     assert list(per_fn) == list(RECIPE_WEIGHTS)
     assert reasons[1]["correctness"] == "gold 42, got 41"
     assert reasons[2]["correctness"] == "truncated, no answer"
+    assert timeouts == 0
 
 
 def test_compute_rewards_weights_scale_and_zero_weights_still_report():
-    totals, per_fn, _ = compute_rewards(["\\boxed{42}"], [ROW], {"correctness": 3.0, "length_penalty": 0.0},
-                                        ["stop"], [50], 100)
+    totals, per_fn, _, _ = compute_rewards(["\\boxed{42}"], [ROW], {"correctness": 3.0, "length_penalty": 0.0},
+                                           ["stop"], [50], 100)
     assert totals == [3.0]
     assert per_fn == {"correctness": [1.0], "length_penalty": [-0.5]}
 
