@@ -13,26 +13,23 @@ engine injects it), never merged into a new base, so all three models share one 
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from grpo.config import EvaluateParams, ProtocolParams
 from grpo.eval.metrics import SampleResult, summarize
+from grpo.eval.summary import MODELS
 from grpo.faults import kill_point
-from grpo.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from grpo.io import atomic_write_json, read_jsonl, write_jsonl
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout import GenerationEngine, SamplingParams, make_engine
 from grpo.rollout.base import resolve_engine_kind
 from grpo.verify import answers_equivalent, extract_answer, is_equivalent
 
 log = logging.getLogger(__name__)
-MODELS = ("base", "final", "best")
 ADAPTER_CONFIG = "adapter_config.json"  # the PEFT file name; grpo.model.adapter would import torch here
 
 
@@ -173,34 +170,3 @@ def _max_model_len(tokenizer, rows: list[dict], protocol: ProtocolParams, style:
     longest = max(len(tokenizer(build_prompt(tokenizer, r["question"], style), add_special_tokens=False)["input_ids"])
                   for r in rows)
     return longest + protocol.max_new_tokens
-
-
-def collect_metrics(metrics_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
-    """Every ``<model>/<benchmark>.json`` under ``metrics_dir``, nested model -> benchmark -> metric."""
-    nested: dict[str, dict[str, dict[str, Any]]] = {}
-    for path in sorted(Path(metrics_dir).glob("*/*.json")):
-        nested.setdefault(path.parent.name, {})[path.stem] = json.loads(path.read_text(encoding="utf-8"))
-    if not nested:
-        raise FileNotFoundError(f"no evaluation metrics under {metrics_dir}: run the evaluate stages first")
-    return nested
-
-
-def write_summary(nested: dict[str, dict[str, dict[str, Any]]], metrics_path: Path, csv_path: Path) -> None:
-    """``metrics_path``: the nested metrics (sorted keys, rounded floats). ``csv_path``: one row per
-    model x benchmark, models in base/final/best order, metric columns sorted."""
-    atomic_write_json(metrics_path, nested)
-    order = {name: i for i, name in enumerate(MODELS)}
-    columns = sorted({key for benchmarks in nested.values() for m in benchmarks.values() for key in m})
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["model", "benchmark", *columns])
-    for model in sorted(nested, key=lambda name: (order.get(name, len(order)), name)):
-        for benchmark, metrics in sorted(nested[model].items()):
-            writer.writerow([model, benchmark, *(_cell(metrics.get(c)) for c in columns)])
-    atomic_write_text(csv_path, buf.getvalue())
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    return f"{value:.6g}" if isinstance(value, float) else str(value)
