@@ -126,9 +126,14 @@ def python_files(root: Path, dep: str) -> set[Path]:
     return {Path(dep)} if target.suffix == ".py" and target.is_file() else set()
 
 
+def is_package(folder: Path) -> bool:
+    """A folder of Python modules (``__init__.py`` or not: grpo/train is a namespace package)."""
+    return folder.is_dir() and any(folder.glob("*.py"))
+
+
 def is_code_dep(root: Path, dep: str) -> bool:
     target = root / dep
-    return target.suffix == ".py" or (target / "__init__.py").is_file()
+    return target.suffix == ".py" or is_package(target)
 
 
 @dataclass(frozen=True)
@@ -157,7 +162,7 @@ def suggested_deps(root: Path, files: set[Path]) -> list[str]:
     for path in files:
         chosen = path
         for folder in path.parents:
-            if folder == Path(".") or not (root / folder / "__init__.py").is_file():
+            if folder == Path(".") or not is_package(root / folder):
                 break
             if all(p in files or is_trivial(root, p) for p in python_files(root, str(folder))):
                 chosen = folder

@@ -6,7 +6,8 @@ checked against the gold answer with the benchmark row's ``answer_type``. Output
 
 - ``eval/<model>/<benchmark>.jsonl``: one line per sample (``id``, ``sample``, ``completion``, ``answer``,
   ``gold``, ``correct``, ``length`` in tokens, ``finish_reason``), for error analysis and the report;
-- ``metrics/eval/<model>/<benchmark>.json``: the metrics of ``grpo.eval.metrics.summarize``.
+- ``metrics/eval/<model>/<benchmark>.json``: the metrics of ``grpo.eval.metrics.summarize``;
+- ``logs/eval/<model>/<benchmark>.json``: the generation time and speed (untracked, grpo/measured.py).
 
 The adapter is applied by the engine (vLLM serves it as a LoRA on the unchanged base, the native
 engine injects it), never merged into a new base, so all three models share one ``models/base``.
@@ -24,6 +25,7 @@ from grpo.eval.metrics import SampleResult, summarize
 from grpo.eval.summary import MODELS
 from grpo.faults import kill_point
 from grpo.io import atomic_write_json, read_jsonl, write_jsonl
+from grpo.measured import eval_log, write_log
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout import GenerationEngine, SamplingParams, make_engine
 from grpo.rollout.base import resolve_engine_kind
@@ -58,6 +60,9 @@ class EvalPaths:
     def metrics(self, model: str, benchmark: str) -> Path:
         return self.root / "metrics" / "eval" / model / f"{benchmark}.json"
 
+    def measured(self, model: str, benchmark: str) -> Path:
+        return eval_log(self.root, model, benchmark)
+
 
 def sampling_params(protocol: ProtocolParams, seed: int) -> SamplingParams:
     return SamplingParams(n=protocol.n, temperature=protocol.temperature, top_p=protocol.top_p,
@@ -65,8 +70,10 @@ def sampling_params(protocol: ProtocolParams, seed: int) -> SamplingParams:
 
 
 def evaluate_rows(engine: GenerationEngine, tokenizer, rows: list[dict], protocol: ProtocolParams,
-                  style: PromptStyle, *, adapter_dir: Path | None, seed: int) -> tuple[list[dict], dict[str, float]]:
-    """Generate ``protocol.n`` samples per row and score them: (per-sample records, metrics)."""
+                  style: PromptStyle, *, adapter_dir: Path | None,
+                  seed: int) -> tuple[list[dict], dict[str, float], dict[str, float]]:
+    """Generate ``protocol.n`` samples per row and score them: (per-sample records, metrics, measured
+    figures: the generation's wall time and generated tokens per second)."""
     prompts = [build_prompt(tokenizer, row["question"], style) for row in rows]
     # Shortest first, so the native engine's consecutive batches hold prompts of similar length: a
     # batch is left-padded to its longest prompt, and on CPU the padded prefill can cost as much as
@@ -91,7 +98,9 @@ def evaluate_rows(engine: GenerationEngine, tokenizer, rows: list[dict], protoco
                             "gold": row["answer"], "correct": correct, "length": len(completion.token_ids),
                             "finish_reason": completion.finish_reason})
         results.append(question_results)
-    return records, summarize(results, elapsed_s=elapsed, equivalent=answers_equivalent)
+    tokens = sum(r["length"] for r in records)
+    measured = {"generate_s": elapsed, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0}
+    return records, summarize(results, equivalent=answers_equivalent), measured
 
 
 def _max_lora_rank(adapter_dir: Path | None) -> int:
@@ -136,15 +145,16 @@ def run_evaluation(model: str, benchmark: str, params: EvaluateParams, style: Pr
     try:
         log.info("evaluating %s on %s: %d questions x %d samples, temperature %s, up to %d new tokens",
                  model, benchmark, len(rows), protocol.n, protocol.temperature, protocol.max_new_tokens)
-        records, metrics = evaluate_rows(engine, tokenizer, rows, protocol, style, adapter_dir=adapter_dir,
-                                         seed=params.seed)
+        records, metrics, measured = evaluate_rows(engine, tokenizer, rows, protocol, style,
+                                                   adapter_dir=adapter_dir, seed=params.seed)
     finally:
         engine.close()
     write_jsonl(paths.samples(model, benchmark), records)
     kill_point("evaluate.samples")
     atomic_write_json(paths.metrics(model, benchmark), metrics)
+    write_log(paths.measured(model, benchmark), measured)
     log.info("%s on %s: pass@1 %.3f +- %.3f, truncated %.2f, %.1f tokens/s", model, benchmark,
-             metrics["pass@1"], metrics["pass@1_stderr"], metrics["truncation_rate"], metrics["tokens_per_s"])
+             metrics["pass@1"], metrics["pass@1_stderr"], metrics["truncation_rate"], measured["tokens_per_s"])
     return metrics
 
 
