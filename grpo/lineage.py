@@ -207,7 +207,8 @@ def main() -> None:
         sys.exit(1 if problems else 0)
     for stage in stages(ROOT):
         print(f"{stage.name}:")
-        for dep in suggested_deps(ROOT, set(closure(ROOT, stage.module))):
+        deps = suggested_deps(ROOT, set(closure(ROOT, stage.module)))
+        for dep in sorted(deps, key=lambda d: not d.startswith("stages/")):  # the stage script first
             print(f"  - {dep}")
 
 

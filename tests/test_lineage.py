@@ -10,6 +10,7 @@ from pathlib import Path
 
 from grpo.lineage import check, closure, is_trivial, stages, suggested_deps
 from tests.conftest import ROOT
+from tests.pipeline.project import run
 
 
 def test_dvc_yaml_code_deps_are_each_stages_import_closure():
@@ -17,6 +18,13 @@ def test_dvc_yaml_code_deps_are_each_stages_import_closure():
     assert not problems, ("dvc.yaml's code deps differ from what the stages import:\n" + "\n".join(problems)
                           + "\nfix: `python -m grpo.lineage` prints each stage's deps as they should be; copy "
                             "the stage's list into its `deps:` in dvc.yaml (data deps stay as they are)")
+
+
+def test_the_readme_commands_print_and_check_the_deps():
+    printed = run("python -m grpo.lineage", ROOT).stdout
+    assert ("eval_summary:\n  - stages/eval_summary.py\n  - grpo/cli.py\n  - grpo/config.py\n  - grpo/eval/summary.py\n"
+            "  - grpo/faults.py\n  - grpo/io.py\nreport:\n") in printed
+    assert run("python -m grpo.lineage --check", ROOT).stdout == ""
 
 
 def write(root: Path, files: dict[str, str]) -> None:

@@ -79,6 +79,8 @@ def test_exp_run_set_param_queue_and_sweep(project_copy):
     for name in ("reward", "completions/mean_length", "eval/accuracy"):
         assert f"metrics/train/plots/metrics/{name}.tsv" in html, name
     assert '"rev": "workspace"' in html and '"rev": "HEAD"' in html
+    run("dvc plots show", project_copy)  # the live view: the workspace's DVCLive files
+    assert "metrics/train/plots/metrics/reward.tsv" in (project_copy / "dvc_plots/index.html").read_text()
 
     found = experiments(project_copy)
     assert {"lr-1e-3", "lr-2e-3"} <= set(found), sorted(found)

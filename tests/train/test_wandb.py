@@ -16,9 +16,10 @@ import yaml
 
 from grpo.io import write_jsonl
 from grpo.train import loop as loop_module
+from grpo.train.loop import fingerprint
 from grpo.trainlog import read_steps, read_summary, read_validation
 from tests.conftest import ROOT
-from tests.train.harness import ROWS, params, run
+from tests.train.harness import ROWS, STYLE, params, run
 from tests.train.harness import varied_reward as varied_reward  # noqa: F401 - a fixture, used below
 
 pytestmark = pytest.mark.usefixtures("varied_reward")
@@ -86,6 +87,14 @@ def test_offline_run_mirrors_the_dvclive_log(tmp_path, tiny_model_dir, monkeypat
     assert logged["columns"] == ["step", "id", "gold", "response", "finish_reason", "rewards"]
     assert [row[:2] for row in logged["data"]] == [[s["step"], s["id"]] for s in trainer.samples]
     assert kinds[-1] == "exit"  # the run was finished
+
+
+def test_report_to_is_not_part_of_the_run_identity():
+    """Switching W&B on or off resumes the checkpoints (and replays the history into the new run);
+    a param that changes training does not."""
+    base = fingerprint(params(), STYLE, [])
+    assert fingerprint(params(report_to=["wandb"]), STYLE, []) == base
+    assert fingerprint(params(lr=5e-3), STYLE, []) != base
 
 
 def test_missing_wandb_stops_before_the_model_loads(tmp_path, tiny_model_dir, monkeypatch):
