@@ -21,6 +21,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dvclive import Live
+
 from grpo.io import round_floats
 from grpo.measured import read_log, write_log
 from grpo.trainlog import EVAL
@@ -96,13 +98,11 @@ class Tracker:
         # the optional trackers first, so that a missing package or login stops the stage before any work
         self.wandb = WandbRun(config, wandb_dir) if "wandb" in report_to else None
         self.live_dir, self.measured_path = Path(live_dir), Path(measured_path)
-        self.live = None
+        self.live: Live | None = None
         self.measured: list[dict[str, Any]] = []
 
     def start(self, history: list[dict], validation: list[dict]) -> None:
         """Open the DVCLive folder afresh and replay the checkpointed ``history`` (with its validations)."""
-        from dvclive import Live
-
         self.live = Live(str(self.live_dir), resume=False, save_dvc_exp=False, dvcyaml=None, report=None)
         done = {row["step"] for row in history}
         earlier = (read_log(self.measured_path) or {}).get("steps", [])
@@ -135,17 +135,22 @@ class Tracker:
     def finish(self, summary: dict[str, Any], samples: list[dict]) -> None:
         """Add the run's summary figures to metrics.json and close every tracker."""
         self.save_measured()
-        self.live.summary = _merged(self.live.summary, round_floats(summary))
+        self.live.summary = _canonical(_merged(self.live.summary, round_floats(summary)))
         self.live.end()
         if self.wandb is not None:
             self.wandb.finish(round_floats(summary), samples)
 
 
 def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """``extra`` merged into ``base`` at every level (``rewards/<fn>/mean`` keeps its siblings), keys
-    sorted at every level, as every metrics file of the project has them."""
-    keys = sorted(base.keys() | extra.keys())
-    both = [k for k in keys if isinstance(base.get(k), dict) and isinstance(extra.get(k), dict)]
-    out = {k: extra[k] if k in extra else base[k] for k in keys}
-    out.update({k: _merged(base[k], extra[k]) for k in both})
-    return {k: _merged(v, {}) if isinstance(v, dict) else v for k, v in sorted(out.items())}
+    """``extra`` merged into ``base`` at every level (``rewards/<fn>/mean`` keeps its siblings)."""
+    out = dict(base)
+    for key, value in extra.items():
+        both = isinstance(base.get(key), dict) and isinstance(value, dict)
+        out[key] = _merged(base[key], value) if both else value
+    return out
+
+
+def _canonical(summary: dict[str, Any]) -> dict[str, Any]:
+    """Keys sorted at every level, inside lists too, as in every metrics file of the project: a resumed
+    run's summary is built from checkpointed state (stored sorted), an uninterrupted run's is not."""
+    return json.loads(json.dumps(summary, sort_keys=True))

@@ -116,7 +116,7 @@ TRAIN_FAULTS = [
     ({"oom": "train:all"}, [2, 3, 4]),  # OOM at micro-batch size 1: a clear error, checkpoints intact
     ({"kill": "train.finish"}, [3, 5, 6]),  # every step saved, no final adapter
     ({"kill": "replace:final"}, [3, 5, 6]),  # final adapter complete in temp, not renamed
-    ({"kill": "train.summary"}, [3, 5, 6]),  # final adapter in place, metrics/train.json not written
+    ({"kill": "train.summary"}, [3, 5, 6]),  # final adapter in place, no summary figures yet
 ]
 
 
