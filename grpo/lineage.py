@@ -79,8 +79,9 @@ def direct_deps(root: Path, path: Path) -> set[Path]:
             for alias in node.names:
                 found.update(_with_parents(root, alias.name))
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+            if node.level:  # relative: level 1 is this module's package, each further level one up
+                parts = package.split(".")
+                anchor = parts[: len(parts) - node.level + 1]
                 base = ".".join(anchor + ([node.module] if node.module else []))
             else:
                 base = node.module or ""
