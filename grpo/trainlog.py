@@ -16,9 +16,10 @@ Both are results: a function of the run's inputs, identical for an uninterrupted
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from typing import Any
+
+from grpo.io import read_json
 
 LIVE_DIR = Path("metrics/train")
 EVAL = "eval"  # the validation metrics' folder
@@ -72,10 +73,4 @@ def read_validation(live_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_summary(live_dir: Path) -> dict[str, Any] | None:
-    path = summary_file(live_dir)
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+    return read_json(summary_file(live_dir))

@@ -7,20 +7,9 @@ from __future__ import annotations
 import subprocess
 
 from tests.conftest import ROOT
+from tests.pipeline.project import dvc_outputs
 
 MARKER = "# Stage outputs that DVC caches."
-
-
-def dvc_outputs() -> tuple[list[str], list[str]]:
-    """(cached, not cached) outputs of dvc.yaml, in its order, as dvc itself reads it."""
-    from dvc.repo import Repo
-
-    cached, uncached = [], []
-    with Repo(str(ROOT)) as repo:
-        for stage in repo.index.stages:
-            for out in stage.outs:
-                (cached if out.use_cache else uncached).append(out.def_path)
-    return cached, uncached
 
 
 def listed() -> list[str]:
@@ -38,7 +27,7 @@ def ignored(paths: list[str]) -> set[str]:
 
 
 def test_gitignore_lists_exactly_the_cached_outputs():
-    cached, _ = dvc_outputs()
+    cached, _ = dvc_outputs(ROOT)
     expected = [f"/{path}" for path in cached]
     assert listed() == expected, (
         "the cached outputs block of .gitignore is out of step with dvc.yaml:\n"
@@ -47,7 +36,7 @@ def test_gitignore_lists_exactly_the_cached_outputs():
 
 
 def test_git_ignores_every_cached_output_and_none_that_git_holds():
-    cached, uncached = dvc_outputs()
+    cached, uncached = dvc_outputs(ROOT)
     inside = [f"{path}/any/file.bin" for path in cached]  # a folder output's contents are ignored too
     assert ignored(cached + inside) == set(cached + inside)
     committed = uncached + ["metrics/train/plots/metrics/reward.tsv", "dvc.lock", "params.yaml", "dvc.yaml"]

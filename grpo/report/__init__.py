@@ -17,7 +17,6 @@ format). ``stages/report.py`` wires them together.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +25,7 @@ from typing import Any
 import pandas as pd
 
 from grpo.config import SECTIONS, to_dict
-from grpo.io import read_jsonl
+from grpo.io import read_json, read_jsonl
 from grpo.measured import SENT as SENT_LOG
 from grpo.measured import TRAIN as TRAIN_LOG
 from grpo.measured import eval_log, read_log
@@ -122,15 +121,6 @@ def params_changes(params: dict[str, Any]) -> list[ParamChange]:
             if old != new:
                 changes.append(ParamChange(key, old, new))
     return changes
-
-
-def read_json(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
 
 
 def frame(rows: list[dict]) -> pd.DataFrame | None:

@@ -18,21 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.pipeline.project import copy_project, ran_stages, run, tiny_params
+from tests.pipeline.project import copy_project, dvc_outputs, ran_stages, run, tiny_params
 
 pytestmark = pytest.mark.slow
-
-
-def outputs(project: Path) -> tuple[list[str], list[str]]:
-    """(cached, not cached) outputs of the project's dvc.yaml, as dvc reads it."""
-    from dvc.repo import Repo
-
-    cached, uncached = [], []
-    with Repo(str(project)) as repo:
-        for stage in repo.index.stages:
-            for out in stage.outs:
-                (cached if out.use_cache else uncached).append(out.def_path)
-    return cached, uncached
 
 
 def git_status(project: Path) -> list[str]:
@@ -72,7 +60,7 @@ def test_a_failed_repro_leaves_no_stage_output_for_git(project):
     assert failed.returncode != 0 and "GRPO_FAULT_KILL: SIGKILL at sent.batch" in failed.stderr
     assert ran_stages(failed.stdout)[:3] == ["base_model", "prepare", "sent"]
     assert (root / "models/base/config.json").is_file() and (root / "data/prepared/train.jsonl").is_file()
-    cached, uncached = outputs(root)
+    cached, uncached = dvc_outputs(root)
     # after the failure: the succeeded stages' lock entries and metrics, no output DVC caches
     assert project["after_failure"] == ["dvc.lock", "metrics/prepare.json"]
 
@@ -86,7 +74,7 @@ def test_a_failed_repro_leaves_no_stage_output_for_git(project):
 
 
 def tracked_bytes(root: Path) -> dict[str, bytes]:
-    _, uncached = outputs(root)
+    _, uncached = dvc_outputs(root)
     return {path: (root / path).read_bytes() for path in ["dvc.lock", *files_under(root, uncached)]}
 
 
