@@ -24,7 +24,7 @@ from typing import Any
 from dvclive import Live
 
 from grpo.io import round_floats
-from grpo.measured import read_log, write_log
+from grpo.measured import is_measured, read_log, write_log
 from grpo.trainlog import EVAL
 
 log = logging.getLogger(__name__)
@@ -55,8 +55,11 @@ def public_name(name: str) -> str:
 
 
 def logged(metrics: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """``metrics`` under their logged names (rounded as every metrics file here is), without the step."""
-    return {f"{prefix}{public_name(k)}": v for k, v in round_floats(metrics).items() if k not in NOT_LOGGED}
+    """``metrics`` under their logged names (rounded as every metrics file here is), without the step,
+    and without a measured figure, whatever its source (a checkpoint written before timings moved to
+    logs/ holds some in its history)."""
+    return {f"{prefix}{public_name(k)}": v for k, v in round_floats(metrics).items()
+            if k not in NOT_LOGGED and not is_measured(k)}
 
 
 class WandbRun:

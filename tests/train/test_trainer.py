@@ -11,6 +11,7 @@ import torch
 
 from grpo.measured import is_measured
 from grpo.train.checkpoint import list_checkpoints
+from grpo.train.tracking import logged
 from grpo.trainlog import read_steps, read_summary, read_validation
 from tests.train.harness import final_weights, kill_at_step, params, run
 from tests.train.harness import varied_reward as varied_reward  # noqa: F401 - a fixture, used below
@@ -51,6 +52,14 @@ def test_trains_only_lora_and_writes_outputs(tmp_path, tiny_model_dir):
     # checkpoints are DVC outputs: a rerun on the same inputs must write the same bytes, so no timings
     state = json.loads((tmp_path / "plain/checkpoints/step-000003/state.json").read_text())
     assert len(state["history"]) == 3 and not [k for row in state["history"] for k in row if is_measured(k)]
+
+
+def test_logged_names_are_trls_and_never_a_measured_figure():
+    row = {"step": 4, "reward_mean": 0.1234567891, "reward/correctness": 1.0, "truncated_frac": 0.5, "kl_mean": 0.0,
+           "clip_frac_low": 0.25, "lr": 1e-4, "accuracy": 1.0, "time_train_s": 3.5, "peak_memory_gib/train": 1.5}
+    assert logged(row) == {"reward": 0.123457, "rewards/correctness/mean": 1.0, "completions/clipped_ratio": 0.5,
+                           "kl": 0.0, "clip_ratio/low_mean": 0.25, "learning_rate": 1e-4, "accuracy": 1.0}
+    assert logged({"step": 4, "checkpoint": "step-000004", "accuracy": 0.5}, "eval/") == {"eval/accuracy": 0.5}
 
 
 def tree(folder: Path) -> dict[str, bytes]:
