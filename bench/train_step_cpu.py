@@ -48,13 +48,15 @@ def run_case(name: str, steps: int, params, style: PromptStyle, rows: list[dict]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         paths = TrainPaths(base_model=ROOT / "models" / "base", checkpoints=tmp / "ckpt", final=tmp / "final",
-                           metrics_dir=tmp / "metrics", summary=tmp / "train.json")
+                           live=tmp / "metrics", measured=tmp / "logs" / "train.json")
         t0 = time.perf_counter()
         trainer = Trainer(p, style, paths, rows, rows[:1], None, f"bench-{name}")
         trainer.run()
         total = time.perf_counter() - t0
-        later = trainer.history[1:] or trainer.history
-    mean = lambda key: sum(h[key] for h in later) / len(later)  # noqa: E731
+        # each step's results with its timings (measured figures, which the history does not hold)
+        steps = [{**h, **m} for h, m in zip(trainer.history, trainer.tracker.measured)]
+        later = steps[1:] or steps
+    mean = lambda key: sum(s[key] for s in later) / len(later)  # noqa: E731
     return {"case": name, **CASES[name], "steps": steps, "total_s": round(total, 1),
             "step_s": round(mean("time_generate_s") + mean("time_train_s"), 1),
             "generate_s": round(mean("time_generate_s"), 1), "train_s": round(mean("time_train_s"), 1),

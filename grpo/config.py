@@ -89,6 +89,9 @@ def subset_of(allowed: tuple[str, ...]) -> Check:
     return check
 
 
+# trackers that mirror the training log (DVCLive always writes it): grpo/train/tracking.py
+REPORT_TO = ("wandb",)
+
 # compute dtypes: auto is fp32 on CPU and bf16 on GPU (vLLM: the checkpoint's dtype)
 DTYPES = ("auto", "bfloat16", "float16", "float32")
 
@@ -205,13 +208,16 @@ class TrainParams:
     val_max_new_tokens: int = _check(positive, default=160)
     val_samples: int = _check(positive, default=1)  # 1: greedy; n > 1: sampled at `temperature`
     log_completions_every: int = _check(positive, default=5)
+    # also log to these trackers (DVCLive always logs); wandb needs `pip install wandb` and a login
+    # (or WANDB_MODE=offline); not part of the run's identity: checkpoints resume across a change
+    report_to: list[str] = _check(subset_of(REPORT_TO), default_factory=list)
     curriculum: CurriculumParams = field(default_factory=CurriculumParams)
     seed: int = 0
 
 
 @dataclass(frozen=True)
 class SelectParams:
-    metric: str = "accuracy"  # a column of the validation log
+    metric: str = "accuracy"  # a validation metric: a file metrics/train/plots/metrics/eval/<metric>.tsv
     mode: str = _check(one_of("max", "min"), default="max")
     tie: str = _check(one_of("earliest", "latest"), default="earliest")
 

@@ -13,7 +13,7 @@ Points:
 - ``checkpoint.write``: inside a checkpoint's temp folder: adapter written, optimiser state not yet.
 - ``checkpoint.prune``: a new checkpoint is in place; older ones are not pruned yet, logs not rewritten.
 - ``train.finish``: every step is checkpointed; the final adapter is not written yet.
-- ``train.summary``: the final adapter is written; metrics/train.json is not.
+- ``train.summary``: the final adapter is written; the summary figures are not in metrics/train/metrics.json.
 - ``replace:<name>``: ``grpo.io.atomic_dir`` has filled its temp folder for ``<name>`` (``final``,
   ``sent``, ``prepared``, ``step-000003``, ...), and the old folder, if any, is moved aside; the new
   one is not renamed into place yet.

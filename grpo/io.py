@@ -96,6 +96,18 @@ def atomic_dir(path: Path | str) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def read_json(path: Path | str) -> Any:
+    """The JSON in ``path``, or None when there is no such file; ValueError naming the file when it does
+    not parse (for optional inputs: missing is normal, broken is not)."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+
+
 def iter_jsonl(path: Path | str) -> Iterator[tuple[int, dict]]:
     """Yield ``(1-based line number, object)`` for each non-blank line of a JSON-lines file. Raises
     ValueError naming the file and line for invalid UTF-8, invalid JSON, or a non-object line."""

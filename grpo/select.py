@@ -1,9 +1,9 @@
 """Choose the best training checkpoint from the in-training validation log, and from nothing else.
 
 The benchmark suite is a test set: choosing the checkpoint by a benchmark score would leak it into the
-model and inflate the very numbers the report compares. So this module reads only
-``metrics/train/validation.csv`` (one row per validation: ``step``, ``checkpoint`` and metric columns)
-and never looks at ``eval/`` or ``metrics/eval*``.
+model and inflate the very numbers the report compares. So this module reads only the validation log,
+the ``eval/`` metrics of the train stage's DVCLive folder (``metrics/train/plots/metrics/eval/<metric>.tsv``,
+one row per validated step; grpo/trainlog.py), and never looks at ``eval/`` or ``metrics/eval*``.
 
 Candidates are the log's rows whose ``checkpoints/<checkpoint>/adapter/`` folder exists and loads;
 a pruned, missing or corrupt one is skipped with a warning and listed as unavailable, so a partly
@@ -12,7 +12,6 @@ cleaned checkpoint folder still yields the best of what is left. The chosen adap
 """
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import math
@@ -23,6 +22,7 @@ from typing import Any
 
 from grpo.io import atomic_dir, atomic_write_json
 from grpo.train.checkpoint import checkpoint_name
+from grpo.trainlog import read_table
 
 log = logging.getLogger(__name__)
 SELECTION_FILE = "SELECTION.json"
@@ -32,7 +32,7 @@ SELECTION_FILE = "SELECTION.json"
 class Candidate:
     step: int
     checkpoint: str
-    value: float | None  # None when the metric cell is empty or not a number
+    value: float | None  # None when the logged value is not a finite number
     available: bool
     problem: str = ""  # why it is unavailable
 
@@ -54,23 +54,20 @@ class Selection:
         }
 
 
-def read_validation_log(path: Path, metric: str) -> list[dict[str, str]]:
-    """The log's rows; raises with a clear message when it is missing, empty or lacks ``metric``."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"validation log {path} not found: the train stage writes it when "
+def read_validation_log(folder: Path, metric: str) -> list[dict]:
+    """The log's rows (``step`` and each validation metric); raises with a clear message when it is
+    missing, empty or lacks ``metric``."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"validation log {folder} not found: the train stage writes it (DVCLive) when "
                                 "train.val_every <= train.max_steps")
-    with path.open(newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
-        rows = list(reader)
-        columns = reader.fieldnames or []
+    rows = read_table(folder)
     if not rows:
-        raise ValueError(f"validation log {path} has no rows: nothing to select from")
-    if metric not in columns:
-        raise ValueError(f"select.metric: column {metric!r} is not in {path}; available columns: "
-                         f"{', '.join(c for c in columns if c not in ('step', 'checkpoint'))}")
-    if "step" not in columns:
-        raise ValueError(f"validation log {path} has no 'step' column")
+        raise ValueError(f"validation log {folder} has no rows: nothing to select from")
+    metrics = sorted({key for row in rows for key in row} - {"step"})
+    if metric not in metrics:
+        raise ValueError(f"select.metric: {metric!r} is not in the validation log {folder} (no {metric}.tsv); "
+                         f"available metrics: {', '.join(metrics)}")
     return rows
 
 
@@ -91,24 +88,21 @@ def adapter_problem(folder: Path) -> str:
     return ""
 
 
-def _parse_value(cell: str | None) -> float | None:
-    try:
-        value = float(cell)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return value if math.isfinite(value) else None
+def _parse_value(logged: float | str | None) -> float | None:
+    """A finite number, or None: not logged at that step, or logged as "nan"/"inf" or a string."""
+    return logged if isinstance(logged, float) and math.isfinite(logged) else None
 
 
-def load_candidates(log_path: Path, checkpoints_dir: Path, metric: str) -> list[Candidate]:
+def load_candidates(log_dir: Path, checkpoints_dir: Path, metric: str) -> list[Candidate]:
     """One candidate per log row, in step order, each marked available or not (with the reason)."""
     candidates = []
-    for row in read_validation_log(log_path, metric):
+    for row in read_validation_log(log_dir, metric):
         step = int(row["step"])
-        name = row.get("checkpoint") or checkpoint_name(step)
-        value = _parse_value(row[metric])
+        name = checkpoint_name(step)
+        value = _parse_value(row.get(metric))
         problem = adapter_problem(Path(checkpoints_dir) / name / "adapter")
         if not problem and value is None:
-            problem = f"{metric} is not a number ({row[metric]!r})"
+            problem = f"{metric} is not a number ({row.get(metric, 'not logged')!r})"
         if problem:
             log.warning("select: skipping %s: %s", name, problem)
         candidates.append(Candidate(step, name, value, not problem, problem))
@@ -122,15 +116,15 @@ def choose(candidates: list[Candidate], mode: str, tie: str) -> Candidate:
         problems = "; ".join(f"{c.checkpoint}: {c.problem}" for c in candidates)
         raise ValueError(f"no checkpoint of the validation log is available: {problems}")
     best = (max if mode == "max" else min)(c.value for c in usable)
-    # values come back from a CSV, so compare with a tolerance rather than bit for bit
+    # values come back from a text file, so compare with a tolerance rather than bit for bit
     tied = [c for c in usable if math.isclose(c.value, best, rel_tol=1e-9, abs_tol=1e-12)]
     return min(tied, key=lambda c: c.step) if tie == "earliest" else max(tied, key=lambda c: c.step)
 
 
-def select_checkpoint(log_path: Path, checkpoints_dir: Path, *, metric: str, mode: str, tie: str) -> Selection:
+def select_checkpoint(log_dir: Path, checkpoints_dir: Path, *, metric: str, mode: str, tie: str) -> Selection:
     if mode not in ("max", "min") or tie not in ("earliest", "latest"):
         raise ValueError(f"select: mode must be max|min and tie earliest|latest; got {mode!r}, {tie!r}")
-    candidates = load_candidates(log_path, checkpoints_dir, metric)
+    candidates = load_candidates(log_dir, checkpoints_dir, metric)
     return Selection(choose(candidates, mode, tie), metric, mode, tie, candidates)
 
 

@@ -6,7 +6,7 @@ Run from the project root: python -m stages.eval_summary [--params params.yaml]
 from pathlib import Path
 
 from grpo.cli import run_stage
-from grpo.eval.run import collect_metrics, write_summary
+from grpo.eval.summary import collect_metrics, write_summary
 
 METRICS_DIR = Path("metrics/eval")
 

@@ -7,7 +7,8 @@ metrics/eval/<model>/<benchmark>.json. The protocol is params evaluate.benchmark
 Run from the project root: python -m stages.evaluate --model best --benchmark gsm8k [--params params.yaml]
 """
 from grpo.cli import run_stage, seed_everything
-from grpo.eval.run import MODELS, run_evaluation
+from grpo.eval.run import run_evaluation
+from grpo.eval.summary import MODELS
 from grpo.prompts import PromptStyle
 
 

@@ -1,7 +1,7 @@
 """DVC stage sent: semantic-entropy scoring of the training questions and the curriculum it orders.
 
 Reads models/base/ and data/prepared/train.jsonl. Writes data/sent/ (scores.jsonl, curriculum.json,
-entropy_hist.png) and metrics/sent.json; with sent.enabled false, an empty scores.jsonl, no
+entropy_hist.png) and metrics/sent.json (its timings: logs/sent.json, untracked); with sent.enabled false, an empty scores.jsonl, no
 curriculum.json (the train stage then trains without a curriculum) and {"enabled": false}.
 data/sent_progress/progress.json (a persist out) lets a rerun after a kill continue where it stopped.
 Run from the project root: python -m stages.sent [--params params.yaml]
@@ -10,11 +10,13 @@ from pathlib import Path
 
 from grpo.cli import run_stage
 from grpo.io import read_jsonl
+from grpo.measured import SENT as MEASURED
+from grpo.measured import write_log
 from grpo.model.loading import load_tokenizer
 from grpo.prompts import PromptStyle
 from grpo.rollout.base import SamplingParams, make_engine, resolve_dtype_name, resolve_engine_kind
 from grpo.sent.curriculum import build_curriculum
-from grpo.sent.outputs import write_disabled, write_outputs
+from grpo.sent.outputs import measured_figures, write_disabled, write_outputs
 from grpo.sent.scoring import max_sequence_length, scorer_fingerprint, score_questions
 
 BASE = Path("models/base")
@@ -50,6 +52,7 @@ def main(params, args) -> None:
     curriculum = build_curriculum(run.scores, s.num_stages, drop_all_correct=s.drop_all_correct,
                                   drop_all_wrong=s.drop_all_wrong, seed=s.seed)
     write_outputs(OUT, METRICS, run, curriculum, engine=kind, M=s.M)
+    write_log(MEASURED, measured_figures(run))
 
 
 if __name__ == "__main__":

@@ -1,22 +1,25 @@
 """DVC stage train: the native GRPO loop (4-bit base, LoRA) with checkpoints, resume and validation.
 
 Reads models/base/, data/prepared/{train,val}.jsonl and, when SENT ran and train.curriculum.use_sent
-is on, data/sent/curriculum.json. Writes models/checkpoints/ (persist), models/final/, metrics/train/
-and metrics/train.json. Rerunning after a crash resumes from the newest complete checkpoint.
+is on, data/sent/curriculum.json. Writes models/checkpoints/ (persist), models/final/ and the DVCLive
+log metrics/train/ (grpo/trainlog.py); timings go to logs/train.json (untracked). Rerunning after a
+crash resumes from the newest complete checkpoint.
 Run from the project root: python -m stages.train [--params params.yaml]
 """
 from pathlib import Path
 
 from grpo.cli import run_stage
 from grpo.io import read_jsonl
+from grpo.measured import TRAIN as MEASURED
 from grpo.prompts import PromptStyle
 from grpo.sent.curriculum import load_curriculum
 from grpo.train.loop import Trainer, TrainPaths, fingerprint
+from grpo.trainlog import LIVE_DIR
 
 PREPARED = Path("data/prepared")
 CURRICULUM = Path("data/sent/curriculum.json")
 PATHS = TrainPaths(base_model=Path("models/base"), checkpoints=Path("models/checkpoints"),
-                   final=Path("models/final"), metrics_dir=Path("metrics/train"), summary=Path("metrics/train.json"))
+                   final=Path("models/final"), live=LIVE_DIR, measured=MEASURED)
 
 
 def main(params, args) -> None:

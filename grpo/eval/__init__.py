@@ -4,7 +4,8 @@ One run evaluates one (model, benchmark) pair, so DVC reruns exactly the pairs w
 ``model`` is ``base`` (no adapter), ``final`` (models/final) or ``best`` (models/best, chosen by the
 select stage from the validation log); the benchmark's protocol comes from
 ``evaluate.benchmarks.<name>`` in params.yaml. ``run.py`` generates and scores, ``metrics.py`` holds the
-metric definitions (pass@1 with its standard error, unbiased pass@k, maj@k).
+metric definitions (pass@1 with its standard error, unbiased pass@k, maj@k), ``summary.py`` merges the
+pairs' metrics for the eval_summary stage.
 
 Protocols
 ---------

@@ -109,15 +109,14 @@ def maj_at_k(samples: Sequence[SampleResult], k: int, equivalent: Equivalent) ->
     return index is not None and samples[index].correct
 
 
-def summarize(groups: Sequence[Sequence[SampleResult]], *, elapsed_s: float,
-              equivalent: Equivalent) -> dict[str, float]:
+def summarize(groups: Sequence[Sequence[SampleResult]], *, equivalent: Equivalent) -> dict[str, float]:
     """All metrics of one (model, benchmark) run; ``groups`` holds each question's n samples in order.
 
     Keys: ``num_questions``, ``n``, ``pass@1``, ``pass@1_stderr``, ``pass@k`` for k in k_values(n),
     ``maj@k`` for those k >= 2 (maj@1 is just the first sample's accuracy), ``answer_rate``,
-    ``truncation_rate``, ``mean_length`` (tokens), ``tokens_per_s`` (generated tokens over
-    ``elapsed_s``, the generation wall time) and ``verify_timeouts`` (samples whose correctness check
-    timed out: a score with timeouts is a lower bound).
+    ``truncation_rate``, ``mean_length`` (tokens) and ``verify_timeouts`` (samples whose correctness check
+    timed out: a score with timeouts is a lower bound): results only, so the same samples give the same
+    bytes (the generation speed is a measured figure: grpo/eval/run.py logs it apart).
     """
     if not groups:
         raise ValueError("no questions to summarize")
@@ -141,7 +140,6 @@ def summarize(groups: Sequence[Sequence[SampleResult]], *, elapsed_s: float,
         answer_rate=sum(s.answer is not None for s in samples) / len(samples),
         truncation_rate=sum(s.finish_reason == "length" for s in samples) / len(samples),
         mean_length=total_tokens / len(samples),
-        tokens_per_s=total_tokens / elapsed_s if elapsed_s > 0 else 0.0,
         verify_timeouts=sum(s.timed_out for s in samples),
     )
     return metrics

@@ -7,33 +7,32 @@ checked against the gold answer with the benchmark row's ``answer_type``. Output
 - ``eval/<model>/<benchmark>.jsonl``: one line per sample (``id``, ``sample``, ``completion``, ``answer``,
   ``gold``, ``correct``, ``length`` in tokens, ``finish_reason``), for error analysis and the report
   (a sample whose check timed out is not correct; ``verify_timeouts`` in the metrics counts them);
-- ``metrics/eval/<model>/<benchmark>.json``: the metrics of ``grpo.eval.metrics.summarize``.
+- ``metrics/eval/<model>/<benchmark>.json``: the metrics of ``grpo.eval.metrics.summarize``;
+- ``logs/eval/<model>/<benchmark>.json``: the generation time and speed (untracked, grpo/measured.py).
 
 The adapter is applied by the engine (vLLM serves it as a LoRA on the unchanged base, the native
 engine injects it), never merged into a new base, so all three models share one ``models/base``.
 """
 from __future__ import annotations
 
-import csv
-import io
 import json
 import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from grpo.config import EvaluateParams, ProtocolParams
 from grpo.eval.metrics import SampleResult, summarize
+from grpo.eval.summary import MODELS
 from grpo.faults import kill_point
-from grpo.io import atomic_write_json, atomic_write_text, read_jsonl, write_jsonl
+from grpo.io import atomic_write_json, read_jsonl, write_jsonl
+from grpo.measured import eval_log, write_log
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout import GenerationEngine, SamplingParams, make_engine
 from grpo.rollout.base import resolve_engine_kind
 from grpo.verify import Verdict, answers_equivalent, extract_answer, judge
 
 log = logging.getLogger(__name__)
-MODELS = ("base", "final", "best")
 ADAPTER_CONFIG = "adapter_config.json"  # the PEFT file name; grpo.model.adapter would import torch here
 
 
@@ -62,6 +61,9 @@ class EvalPaths:
     def metrics(self, model: str, benchmark: str) -> Path:
         return self.root / "metrics" / "eval" / model / f"{benchmark}.json"
 
+    def measured(self, model: str, benchmark: str) -> Path:
+        return eval_log(self.root, model, benchmark)
+
 
 def sampling_params(protocol: ProtocolParams, seed: int) -> SamplingParams:
     return SamplingParams(n=protocol.n, temperature=protocol.temperature, top_p=protocol.top_p,
@@ -69,8 +71,10 @@ def sampling_params(protocol: ProtocolParams, seed: int) -> SamplingParams:
 
 
 def evaluate_rows(engine: GenerationEngine, tokenizer, rows: list[dict], protocol: ProtocolParams,
-                  style: PromptStyle, *, adapter_dir: Path | None, seed: int) -> tuple[list[dict], dict[str, float]]:
-    """Generate ``protocol.n`` samples per row and score them: (per-sample records, metrics)."""
+                  style: PromptStyle, *, adapter_dir: Path | None,
+                  seed: int) -> tuple[list[dict], dict[str, float], dict[str, float]]:
+    """Generate ``protocol.n`` samples per row and score them: (per-sample records, metrics, measured
+    figures: the generation's wall time and generated tokens per second)."""
     prompts = [build_prompt(tokenizer, row["question"], style) for row in rows]
     # Shortest first, so the native engine's consecutive batches hold prompts of similar length: a
     # batch is left-padded to its longest prompt, and on CPU the padded prefill can cost as much as
@@ -97,7 +101,9 @@ def evaluate_rows(engine: GenerationEngine, tokenizer, rows: list[dict], protoco
                             "gold": row["answer"], "correct": correct, "length": len(completion.token_ids),
                             "finish_reason": completion.finish_reason})
         results.append(question_results)
-    return records, summarize(results, elapsed_s=elapsed, equivalent=answers_equivalent)
+    tokens = sum(r["length"] for r in records)
+    measured = {"generate_s": elapsed, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0}
+    return records, summarize(results, equivalent=answers_equivalent), measured
 
 
 def _max_lora_rank(adapter_dir: Path | None) -> int:
@@ -142,15 +148,16 @@ def run_evaluation(model: str, benchmark: str, params: EvaluateParams, style: Pr
     try:
         log.info("evaluating %s on %s: %d questions x %d samples, temperature %s, up to %d new tokens",
                  model, benchmark, len(rows), protocol.n, protocol.temperature, protocol.max_new_tokens)
-        records, metrics = evaluate_rows(engine, tokenizer, rows, protocol, style, adapter_dir=adapter_dir,
-                                         seed=params.seed)
+        records, metrics, measured = evaluate_rows(engine, tokenizer, rows, protocol, style,
+                                                   adapter_dir=adapter_dir, seed=params.seed)
     finally:
         engine.close()
     write_jsonl(paths.samples(model, benchmark), records)
     kill_point("evaluate.samples")
     atomic_write_json(paths.metrics(model, benchmark), metrics)
+    write_log(paths.measured(model, benchmark), measured)
     log.info("%s on %s: pass@1 %.3f +- %.3f, truncated %.2f, %.1f tokens/s", model, benchmark,
-             metrics["pass@1"], metrics["pass@1_stderr"], metrics["truncation_rate"], metrics["tokens_per_s"])
+             metrics["pass@1"], metrics["pass@1_stderr"], metrics["truncation_rate"], measured["tokens_per_s"])
     return metrics
 
 
@@ -176,34 +183,3 @@ def _max_model_len(tokenizer, rows: list[dict], protocol: ProtocolParams, style:
     longest = max(len(tokenizer(build_prompt(tokenizer, r["question"], style), add_special_tokens=False)["input_ids"])
                   for r in rows)
     return longest + protocol.max_new_tokens
-
-
-def collect_metrics(metrics_dir: Path) -> dict[str, dict[str, dict[str, Any]]]:
-    """Every ``<model>/<benchmark>.json`` under ``metrics_dir``, nested model -> benchmark -> metric."""
-    nested: dict[str, dict[str, dict[str, Any]]] = {}
-    for path in sorted(Path(metrics_dir).glob("*/*.json")):
-        nested.setdefault(path.parent.name, {})[path.stem] = json.loads(path.read_text(encoding="utf-8"))
-    if not nested:
-        raise FileNotFoundError(f"no evaluation metrics under {metrics_dir}: run the evaluate stages first")
-    return nested
-
-
-def write_summary(nested: dict[str, dict[str, dict[str, Any]]], metrics_path: Path, csv_path: Path) -> None:
-    """``metrics_path``: the nested metrics (sorted keys, rounded floats). ``csv_path``: one row per
-    model x benchmark, models in base/final/best order, metric columns sorted."""
-    atomic_write_json(metrics_path, nested)
-    order = {name: i for i, name in enumerate(MODELS)}
-    columns = sorted({key for benchmarks in nested.values() for m in benchmarks.values() for key in m})
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    writer.writerow(["model", "benchmark", *columns])
-    for model in sorted(nested, key=lambda name: (order.get(name, len(order)), name)):
-        for benchmark, metrics in sorted(nested[model].items()):
-            writer.writerow([model, benchmark, *(_cell(metrics.get(c)) for c in columns)])
-    atomic_write_text(csv_path, buf.getvalue())
-
-
-def _cell(value: Any) -> str:
-    if value is None:
-        return ""
-    return f"{value:.6g}" if isinstance(value, float) else str(value)

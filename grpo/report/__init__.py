@@ -6,6 +6,10 @@ SENT, evaluation not run yet), so every input is optional: a missing file is ``N
 renderers say "not available" instead of failing. A file that exists but does not parse is an error,
 since silently dropping it would publish a wrong report.
 
+The measured figures (timings, throughput: grpo/measured.py) are not in the tracked inputs; they are
+merged in from ``logs/`` where this checkout has them (the machine that ran the stages), under the
+names the tables and figures always used, and are simply absent elsewhere.
+
 It also holds the cell formatting that the report and the model card share, so both print a number
 the same way. Modules: ``figures`` (matplotlib PNGs), ``markdown`` (one block structure rendered to
 Markdown and to self-contained HTML; the report), ``model_card`` (reports/MODEL_CARD.md, Hugging Face
@@ -13,7 +17,6 @@ format). ``stages/report.py`` wires them together.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +25,11 @@ from typing import Any
 import pandas as pd
 
 from grpo.config import SECTIONS, to_dict
-from grpo.io import read_jsonl
+from grpo.io import read_json, read_jsonl
+from grpo.measured import SENT as SENT_LOG
+from grpo.measured import TRAIN as TRAIN_LOG
+from grpo.measured import eval_log, read_log
+from grpo.trainlog import LIVE_DIR, read_steps, read_summary, read_validation
 
 MISSING = "—"  # a table cell whose input is absent
 MODELS = ("base", "final", "best")  # column order of every model comparison
@@ -78,11 +85,12 @@ class InputPaths:
     bundled_index: Path = Path("data/bundled/README.md")
     sent: Path = Path("metrics/sent.json")
     sent_scores: Path = Path("data/sent/scores.jsonl")
-    steps: Path = Path("metrics/train/steps.csv")
-    validation: Path = Path("metrics/train/validation.csv")
-    train: Path = Path("metrics/train.json")
+    train_log: Path = LIVE_DIR  # DVCLive's folder: per-step metrics, validation, summary (grpo/trainlog.py)
     selection: Path = Path("models/best/SELECTION.json")
     eval: Path = Path("metrics/eval.json")
+    # untracked, merged in when present (grpo/measured.py)
+    sent_measured: Path = SENT_LOG
+    train_measured: Path = TRAIN_LOG
 
 
 def _flatten(value: Any, prefix: str) -> dict[str, Any]:
@@ -115,20 +123,24 @@ def params_changes(params: dict[str, Any]) -> list[ParamChange]:
     return changes
 
 
-def read_json(path: Path) -> dict | None:
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: not valid JSON ({exc})") from None
+def frame(rows: list[dict]) -> pd.DataFrame | None:
+    return pd.DataFrame(rows) if rows else None
 
 
-def read_csv(path: Path) -> pd.DataFrame | None:
-    if not path.is_file():
+def with_measured(results: dict | None, measured: dict | None) -> dict | None:
+    """A tracked metrics mapping with a measured log's figures added (results win on a name clash)."""
+    if results is None:
         return None
-    frame = pd.read_csv(path)
-    return frame if len(frame) else None
+    return {**results, **{k: v for k, v in (measured or {}).items() if k != "steps" and k not in results}}
+
+
+def training_steps(live_dir: Path, measured: dict | None) -> pd.DataFrame | None:
+    """The per-step log with each step's measured figures (logs/train.json) as extra columns."""
+    steps = frame(read_steps(live_dir))
+    timings = frame((measured or {}).get("steps") or [])
+    if steps is None or timings is None:
+        return steps
+    return steps.merge(timings, on="step", how="left")
 
 
 def read_scores(path: Path) -> pd.DataFrame | None:
@@ -181,7 +193,12 @@ def load_inputs(params: dict[str, Any], root: Path = Path("."), paths: InputPath
         prepare["eval"] = _in_order(prepare["eval"], benchmarks)
     eval_data = read_json(at(paths.eval))
     if eval_data:
-        eval_data = {model: _in_order(results, benchmarks) for model, results in eval_data.items()}
+        eval_data = {model: _in_order({bench: with_measured(metrics, read_log(eval_log(root, model, bench)))
+                                       for bench, metrics in results.items()}, benchmarks)
+                     for model, results in eval_data.items()}
+    if sent and sent.get("enabled", True):
+        sent = with_measured(sent, read_log(at(paths.sent_measured)))
+    train_measured = read_log(at(paths.train_measured))
     return ReportInputs(
         params=params,
         changes=params_changes(params),
@@ -190,9 +207,9 @@ def load_inputs(params: dict[str, Any], root: Path = Path("."), paths: InputPath
         datasets=read_bundled_index(at(paths.bundled_index)),
         sent=sent if sent and sent.get("enabled", True) else None,
         sent_scores=read_scores(at(paths.sent_scores)),
-        steps=read_csv(at(paths.steps)),
-        validation=read_csv(at(paths.validation)),
-        train=read_json(at(paths.train)),
+        steps=training_steps(at(paths.train_log), train_measured),
+        validation=frame(read_validation(at(paths.train_log))),
+        train=with_measured(read_summary(at(paths.train_log)), train_measured),
         selection=read_json(at(paths.selection)),
         eval=eval_data,
     )

@@ -77,14 +77,15 @@ def _mark_stages(ax: Axes, steps: pd.DataFrame) -> None:
 @_styled
 def reward_curves(steps: pd.DataFrame | None, path: Path) -> Path | None:
     """Total reward (mean ± std over the step's rollouts) and each reward function's mean."""
-    if not _columns(steps, "reward_mean"):
+    if not _columns(steps, "reward"):
         return None
-    per_fn = sorted(c for c in steps.columns if c.startswith("reward/") and steps[c].notna().any())
+    per_fn = sorted(c for c in steps.columns
+                    if c.startswith("rewards/") and c.endswith("/mean") and steps[c].notna().any())
     fig, axes = _new_figure(WIDE if per_fn else SINGLE, ncols=2 if per_fn else 1)
     ax, x = axes[0], steps["step"]
-    ax.plot(x, steps["reward_mean"], marker="o", markersize=3, label="mean reward")
+    ax.plot(x, steps["reward"], marker="o", markersize=3, label="mean reward")
     if "reward_std" in steps.columns:
-        low, high = steps["reward_mean"] - steps["reward_std"], steps["reward_mean"] + steps["reward_std"]
+        low, high = steps["reward"] - steps["reward_std"], steps["reward"] + steps["reward_std"]
         ax.fill_between(x, low, high, alpha=0.2, label="± 1 std (within step)")
     _mark_stages(ax, steps)
     ax.set(title="Total reward per step", ylabel="reward")
@@ -93,7 +94,7 @@ def reward_curves(steps: pd.DataFrame | None, path: Path) -> Path | None:
     if per_fn:
         ax = axes[1]
         for col in per_fn:
-            ax.plot(x, steps[col], marker="o", markersize=3, label=col.split("/", 1)[1])
+            ax.plot(x, steps[col], marker="o", markersize=3, label=col.split("/")[1])
         _mark_stages(ax, steps)
         ax.set(title="Reward per function (unweighted mean)", ylabel="reward")
         ax.legend(loc="best")
@@ -120,14 +121,14 @@ def accuracy_curve(steps: pd.DataFrame | None, path: Path) -> Path | None:
 @_styled
 def length_curves(steps: pd.DataFrame | None, path: Path) -> Path | None:
     """Response length (mean and max tokens) and, below it, the fraction cut off at the length limit."""
-    lengths = _columns(steps, "response_length_mean", "response_length_max")
+    lengths = _columns(steps, "completions/mean_length", "completions/max_length")
     if not lengths:
         return None
-    truncated = _columns(steps, "truncated_frac")
+    truncated = _columns(steps, "completions/clipped_ratio")
     fig, axes = _new_figure((7.0, 5.5) if truncated else SINGLE, nrows=2 if truncated else 1,
                             sharex=True, height_ratios=[2, 1] if truncated else None)
     ax = axes[0]
-    for col, label in (("response_length_mean", "mean"), ("response_length_max", "max")):
+    for col, label in (("completions/mean_length", "mean"), ("completions/max_length", "max")):
         if col in lengths:
             ax.plot(steps["step"], steps[col], marker="o", markersize=3, label=label)
     ax.set(title="Response length", ylabel="tokens")
@@ -136,7 +137,7 @@ def length_curves(steps: pd.DataFrame | None, path: Path) -> Path | None:
         _step_axis(ax)
     if truncated:
         ax = axes[1]
-        ax.plot(steps["step"], steps["truncated_frac"], color="#d62728", marker="o", markersize=3)
+        ax.plot(steps["step"], steps["completions/clipped_ratio"], color="#d62728", marker="o", markersize=3)
         ax.set(title="Truncated responses (hit the length limit)", ylabel="fraction", ylim=(-0.02, 1.02))
         _step_axis(ax)
     return _save(fig, path)
@@ -145,24 +146,25 @@ def length_curves(steps: pd.DataFrame | None, path: Path) -> Path | None:
 @_styled
 def entropy_curve(steps: pd.DataFrame | None, path: Path) -> Path | None:
     """Mean token entropy of the policy over response tokens (logged only when the loss computes it)."""
-    if not _columns(steps, "entropy_mean"):
+    if not _columns(steps, "entropy"):
         return None
     fig, (ax,) = _new_figure(SINGLE)
-    ax.plot(steps["step"], steps["entropy_mean"], marker="o", markersize=3, color="#2ca02c")
+    ax.plot(steps["step"], steps["entropy"], marker="o", markersize=3, color="#2ca02c")
     _mark_stages(ax, steps)
     ax.set(title="Policy token entropy", ylabel="nats per token")
     _step_axis(ax)
     return _save(fig, path)
 
 
-# The diagnostics figure's panels: title → steps.csv columns ("name*" matches every column with that prefix).
+# The diagnostics figure's panels: title → training-log metrics ("name*" matches every metric with that
+# prefix). The throughput comes from the untracked logs/train.json, so a fresh clone has no such panel.
 DIAGNOSTIC_PANELS = {
     "Gradient norm (before clipping)": ("grad_norm",),
     "KL to the reference policy": ("kl",),
-    "Clipped token fraction": ("clip_frac*",),
+    "Clipped token fraction": ("clip_ratio/*",),
     "Groups with zero reward spread": ("frac_reward_zero_std",),
     "Tokens kept by the entropy mask": ("kept_token_frac",),
-    "Learning rate": ("lr",),
+    "Learning rate": ("learning_rate",),
     "Throughput (tokens/s)": ("rollout_tokens_per_s", "train_tokens_per_s"),
 }
 

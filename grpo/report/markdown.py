@@ -32,7 +32,7 @@ def eval_table(eval_data: dict | None) -> Table:
     return Table(["benchmark", "questions"] + [f"{m} pass@1" for m in MODELS], rows)
 
 
-_METRIC_TAIL = ("answer_rate", "truncation_rate", "mean_length", "tokens_per_s", "n")
+_METRIC_TAIL = ("answer_rate", "truncation_rate", "mean_length", "tokens_per_s", "generate_s", "n")
 
 
 def _metric_order(key: str) -> tuple[int, int, str]:
@@ -107,16 +107,20 @@ def _evaluation(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Bloc
     other = _other_metrics_table(inp.eval)
     if other:
         blocks += [Heading(3, "Other metrics"), other]
+        if "tokens_per_s" in other.header:
+            blocks.append(Para("`generate_s` and `tokens_per_s` are wall-clock figures of the machine that "
+                               "evaluated (logs/eval/, which git and DVC do not track)."))
     return blocks
 
 
-_FIGURES = {  # name → (caption, the steps.csv column whose absence explains a skipped figure)
-    "reward": ("Total reward and reward per function; dotted lines mark curriculum stage changes", "reward_mean"),
+_FIGURES = {  # name → (caption, the training-log metric whose absence explains a skipped figure)
+    "reward": ("Total reward and reward per function; dotted lines mark curriculum stage changes", "reward"),
     "accuracy": ("Fraction of training rollouts the verifier marks correct", "accuracy"),
-    "length": ("Response length in tokens and the fraction truncated at the limit", "response_length_mean"),
-    "entropy": ("Mean policy token entropy over response tokens", "entropy_mean"),
+    "length": ("Response length in tokens and the fraction truncated at the limit", "completions/mean_length"),
+    "entropy": ("Mean policy token entropy over response tokens", "entropy"),
     "diagnostics": ("Optimisation diagnostics", "grad_norm"),
 }
+TRAIN_LOG = "metrics/train/plots/metrics"  # grpo/trainlog.py
 
 
 def _training(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]:
@@ -127,7 +131,8 @@ def _training(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]
             f"{fmt(tr.get('steps'))} steps. Mean reward over the first five steps {fmt(tr.get('reward_mean_first5'))}, "
             f"over the last five {fmt(tr.get('reward_mean_last5'))}. "
             f"Time generating {fmt(tr.get('time_generate_s'))} s, "
-            f"training {fmt(tr.get('time_train_s'))} s."))
+            f"training {fmt(tr.get('time_train_s'))} s (wall clock of the last run on the machine that "
+            "trained: logs/train.json, which git and DVC do not track)."))
     skipped = []
     for name, (caption, column) in _FIGURES.items():
         if figures.get(name):
@@ -136,7 +141,7 @@ def _training(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]
                 caption += f" (not logged: {', '.join(missing)})" if missing else ""
             blocks.append(Image(f"figures/{name}.png", caption))
         else:
-            why = "metrics/train/steps.csv is missing" if inp.steps is None else f"steps.csv has no `{column}` column"
+            why = f"{TRAIN_LOG} is missing" if inp.steps is None else f"the training log has no `{column}`"
             skipped.append(f"{name}: {why}")
     if skipped:
         blocks += [Para("Figures not drawn:"), Bullets(skipped)]
@@ -145,7 +150,8 @@ def _training(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]
     if inp.sent:
         unused = "" if inp.params["train"].curriculum.use_sent else (
             " Training did not use this order (`train.curriculum.use_sent: false`).")
-        blocks += [Para(f"SENT scoring of the training questions with the base model (metrics/sent.json).{unused}"),
+        blocks += [Para("SENT scoring of the training questions with the base model (metrics/sent.json; the "
+                        f"timings, where this checkout has them, from the untracked logs/sent.json).{unused}"),
                    _kv_table({k: v for k, v in inp.sent.items() if k != "enabled"}, ("metric", "value"))]
     else:
         blocks.append(Para("SENT did not run (`sent.enabled: false`, or metrics/sent.json is missing): questions "
@@ -167,7 +173,7 @@ def _training(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]
         last = inp.steps.iloc[-1]
         phases = {c.split("/", 1)[1]: (last[c], last.get(f"micro_batch/{c.split('/', 1)[1]}"))
                   for c in inp.steps.columns if c.startswith("oom_events/")}
-    total = tr.get("oom_events")
+    total = tr.get("oom_events_total")
     blocks.append(Para(f"Out-of-memory errors recovered by halving the micro-batch and retrying: "
                        f"{MISSING if total is None else int(total)}."))
     if phases:
@@ -185,7 +191,7 @@ def _selection(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block
             [figure] if figures.get("validation") else [])
     blocks.append(Para(
         f"Rule: the checkpoint with the **{sel.get('mode', 'max')}** `{sel.get('metric', 'accuracy')}` in the "
-        f"validation log (metrics/train/validation.csv), ties broken by the **{sel.get('tie', 'earliest')}** step. "
+        f"validation log ({TRAIN_LOG}/eval/), ties broken by the **{sel.get('tie', 'earliest')}** step. "
         "The benchmarks are never consulted, so their numbers stay a held-out test. "
         f"Chosen: **step {sel.get('step', MISSING)}** (`{sel.get('checkpoint', MISSING)}`, "
         f"{sel.get('metric', 'accuracy')} {fmt(sel.get('value'))})."))

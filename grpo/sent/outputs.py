@@ -43,7 +43,8 @@ def _rounded(metrics: dict) -> dict:
 
 
 def sent_metrics(run: ScoringRun, curriculum: dict, *, engine: str, M: int) -> dict:
-    """metrics/sent.json: flat keys, so `dvc metrics diff` shows one row each."""
+    """metrics/sent.json: flat keys, so `dvc metrics diff` shows one row each. Results only: the run's
+    timings go to logs/sent.json (``measured_figures``)."""
     entropy = np.array([s["entropy"] for s in run.scores], dtype=float)
     pass_rate = np.array([s["pass_rate"] for s in run.scores], dtype=float)
     metrics = {
@@ -66,13 +67,18 @@ def sent_metrics(run: ScoringRun, curriculum: dict, *, engine: str, M: int) -> d
         "curriculum_stages": curriculum["num_stages"],
         "truncated_fraction": float(np.mean([s["truncated"] for s in run.scores])),
         "mean_length": float(np.mean([s["mean_length"] for s in run.scores])),
-        "time_s": run.time_s,
         "generated_tokens": run.generated_tokens,
-        "tokens_per_s": run.tokens_per_s,
     }
     for q, value in zip(QUANTILES, np.percentile(entropy, QUANTILES)):
         metrics[f"entropy_p{q}"] = float(value)
     return _rounded(metrics)
+
+
+def measured_figures(run: ScoringRun) -> dict:
+    """logs/sent.json (grpo/measured.py): this process's timings; ``questions_resumed`` were scored
+    by an earlier, interrupted process and are not in them."""
+    return {"time_s": run.time_s, "generate_s": run.generate_s, "tokens_per_s": run.tokens_per_s,
+            "questions_resumed": run.resumed}
 
 
 def plot_entropy_histogram(scores: Sequence[dict], M: int, path: Path) -> None:

@@ -35,17 +35,21 @@ SCORING_CODE = ("prompts.py", "rollout", "verify", "sent/entropy.py", "sent/scor
 
 @dataclass(frozen=True)
 class ScoringRun:
-    """The scores in question order, with cost figures summed over every resumed piece of the run."""
+    """The scores in question order. ``generated_tokens`` counts the whole run, resumed pieces included;
+    the timings count this process only: they are measured figures (grpo/measured.py), kept out of the
+    progress file, which is a DVC output and must not change when a rerun is slower."""
 
     scores: list[dict]
-    time_s: float  # generation + answer verification
-    generate_s: float  # generation alone: the denominator of tokens/s
+    time_s: float  # generation + answer verification, in this process
+    generate_s: float  # generation alone, in this process: the denominator of tokens/s
     generated_tokens: int
     resumed: int  # questions taken from the progress file rather than sampled in this process
 
+    generated_here: int = 0  # tokens generated in this process: the numerator of tokens/s
+
     @property
     def tokens_per_s(self) -> float:
-        return self.generated_tokens / self.generate_s if self.generate_s > 0 else 0.0
+        return self.generated_here / self.generate_s if self.generate_s > 0 else 0.0
 
 
 def _hash_files(digest, root: Path, paths: list[Path]) -> None:
@@ -91,7 +95,7 @@ def batch_seed(seed: int, first_question: int) -> int:
 
 
 def _load_progress(path: Path, key: str) -> dict:
-    empty = {"scores": [], "time_s": 0.0, "generate_s": 0.0, "generated_tokens": 0}
+    empty = {"scores": [], "generated_tokens": 0}
     if not path.is_file():
         return empty
     try:
@@ -115,6 +119,7 @@ def score_questions(engine: GenerationEngine, tokenizer, rows: Sequence[dict], s
     key = run_fingerprint(fingerprint, rows, style, sampling, batch_size, no_answer_cluster)
     state = _load_progress(progress_path, key)
     resumed = saved = len(state["scores"])
+    clock = {"time_s": 0.0, "generate_s": 0.0, "generated_tokens": 0}  # this process's figures
     if resumed:
         log.info("resuming from %s: %d of %d questions already scored", progress_path, resumed, len(rows))
     for start in range(resumed, len(rows), batch_size):
@@ -127,16 +132,18 @@ def score_questions(engine: GenerationEngine, tokenizer, rows: Sequence[dict], s
             samples = [Sample(full_response(style, c.text), c.finish_reason, len(c.token_ids)) for c in completions]
             state["scores"].append(score_question(row, samples, no_answer_cluster=no_answer_cluster))
             state["generated_tokens"] += sum(s.num_tokens for s in samples)
-        state["generate_s"] += t1 - t0
-        state["time_s"] += time.perf_counter() - t0
+            clock["generated_tokens"] += sum(s.num_tokens for s in samples)
+        clock["generate_s"] += t1 - t0
+        clock["time_s"] += time.perf_counter() - t0
         done = start + len(batch)
         if done - saved >= save_every or done == len(rows):
-            # The file stores floats rounded; rounding the state too keeps a resumed run's scores and
-            # figures identical to an uninterrupted run's (the last batch always saves).
+            # The file stores floats rounded; rounding the state too keeps a resumed run's scores
+            # identical to an uninterrupted run's (the last batch always saves).
             state = round_floats(state)
             atomic_write_json(progress_path, {"version": PROGRESS_VERSION, "fingerprint": key, **state})
             saved = done
         kill_point("sent.batch")
         log.info("scored %d/%d questions (%.0f generated tokens/s)", done, len(rows),
-                 state["generated_tokens"] / max(state["generate_s"], 1e-9))
-    return ScoringRun(state["scores"], state["time_s"], state["generate_s"], state["generated_tokens"], resumed)
+                 clock["generated_tokens"] / max(clock["generate_s"], 1e-9))
+    return ScoringRun(state["scores"], clock["time_s"], clock["generate_s"], state["generated_tokens"], resumed,
+                      clock["generated_tokens"])

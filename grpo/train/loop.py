@@ -4,14 +4,13 @@ Outputs (paths from ``TrainPaths``):
 - ``checkpoints/step-NNNNNN/``: see grpo.train.checkpoint (a DVC ``persist`` out: it survives a crash
   and the rerun resumes from the newest complete one, unless the run's fingerprint changed);
 - ``final/``: the last adapter, PEFT format;
-- ``metrics_dir/steps.csv``, ``validation.csv`` (the log select reads), ``samples.jsonl``;
-- ``summary``: metrics/train.json for ``dvc metrics``.
+- ``live/``: the DVCLive log (grpo/trainlog.py: per-step and validation metrics, the summary), and
+  ``live/samples.jsonl``, the logged completions;
+- ``measured``: logs/train.json, the timings and peak memory (untracked, grpo/measured.py).
 """
 from __future__ import annotations
 
-import csv
 import hashlib
-import io
 import json
 import logging
 import math
@@ -25,7 +24,8 @@ from tqdm import tqdm
 from grpo.cli import seed_everything
 from grpo.config import TrainParams, to_dict
 from grpo.faults import kill_point
-from grpo.io import atomic_dir, atomic_write_json, atomic_write_text, write_jsonl
+from grpo.io import atomic_dir, write_jsonl
+from grpo.measured import split_measured
 from grpo.model.adapter import LoraSettings, save_adapter
 from grpo.model.dequant import dense_base
 from grpo.model.loading import load_policy_model, load_tokenizer, resolve_device
@@ -36,6 +36,7 @@ from grpo.sent.curriculum import CurriculumSampler, StageSchedule
 from grpo.train import checkpoint as ckpt
 from grpo.train.memory import AdaptiveBatchSize, FaultHook
 from grpo.train.step import StepContext, grpo_step
+from grpo.train.tracking import Tracker
 from grpo.train.validation import validate
 
 log = logging.getLogger(__name__)
@@ -46,13 +47,22 @@ class TrainPaths:
     base_model: Path
     checkpoints: Path
     final: Path
-    metrics_dir: Path
-    summary: Path
+    live: Path  # the DVCLive folder
+    measured: Path  # the measured figures' log; W&B writes its run folder next to it
+
+    @property
+    def samples(self) -> Path:
+        return self.live / "samples.jsonl"
+
+
+# Params that change where the run is reported, not the run: checkpoints stay resumable across them.
+NOT_RUN_IDENTITY = ("report_to",)
 
 
 def fingerprint(params: TrainParams, style: PromptStyle, files: list[Path]) -> str:
     """What makes two runs the same run; checkpoints of another run are never resumed."""
-    digest = hashlib.sha256(json.dumps([to_dict(params), style.__dict__], sort_keys=True).encode())
+    identity = {k: v for k, v in to_dict(params).items() if k not in NOT_RUN_IDENTITY}
+    digest = hashlib.sha256(json.dumps([identity, style.__dict__], sort_keys=True).encode())
     for path in files:
         digest.update(path.read_bytes() if path.is_file() else b"-")
     return digest.hexdigest()[:16]
@@ -74,16 +84,6 @@ def make_scheduler(optimizer: torch.optim.Optimizer, params: TrainParams) -> tor
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    columns = ["step"] + sorted({k for row in rows for k in row} - {"step"})
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, columns, lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()})
-    atomic_write_text(path, buf.getvalue())
-
-
 class Trainer:
     def __init__(self, params: TrainParams, style: PromptStyle, paths: TrainPaths, train_rows: list[dict],
                  val_rows: list[dict], stages: list[list[str]] | None, run_fingerprint: str) -> None:
@@ -91,6 +91,8 @@ class Trainer:
         self.rows = {row["id"]: row for row in train_rows}
         self.val_rows = val_rows
         self.fingerprint = run_fingerprint
+        self.tracker = Tracker(paths.live, paths.measured, params.report_to,
+                               {"train": to_dict(params), "prompt": style.__dict__}, paths.measured.parent / "wandb")
         seed_everything(params.seed)
         self.device = resolve_device(params.device)
         self.tokenizer = load_tokenizer(paths.base_model)
@@ -123,7 +125,7 @@ class Trainer:
                                    size=self.sizes["generate"], fault_hook=hook)
         self.ctx = StepContext(self.model, self.tokenizer, self.engine, self.optimizer, self.scheduler, params,
                                style, self.lora_params, self.sizes, hook, self.device)
-        self.history: list[dict] = []
+        self.history: list[dict] = []  # each step's results (no measured figures: checkpoints are outputs)
         self.validation: list[dict] = []
         self.samples: list[dict] = []  # logged completions, for samples.jsonl
         self.step = 0
@@ -175,13 +177,15 @@ class Trainer:
     # --- the loop ----------------------------------------------------------------------------
     def run(self) -> dict:
         self.resume()
+        self.tracker.start(self.history, self.validation)
         p = self.params
         bar = tqdm(total=p.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
         while self.step < p.max_steps:
             stage = self.schedule.stage_for_step(self.step)
             ids = self.sampler.next_ids(p.prompts_per_step, stage)
-            metrics, rollouts, reasons = grpo_step(self.ctx, [self.rows[i] for i in ids], self.step)
+            step_metrics, rollouts, reasons = grpo_step(self.ctx, [self.rows[i] for i in ids], self.step)
             kill_point("train.step")
+            metrics, measured = split_measured(step_metrics)
             self.schedule.record_reward(metrics["reward_mean"])
             self.step += 1
             metrics.update(step=self.step, curriculum_stage=stage)
@@ -194,15 +198,14 @@ class Trainer:
             if self.step % p.log_completions_every == 0:
                 self._log_samples(rollouts, reasons)
             is_val = self.step % p.val_every == 0 or self.step == p.max_steps
-            if is_val:
-                self._validate()
+            self.tracker.log_step(metrics, self._validate() if is_val else None, measured)
             if is_val or self.step % p.save_every == 0:
                 self.save()
                 self._write_logs()
         bar.close()
         return self._finish()
 
-    def _validate(self) -> None:
+    def _validate(self) -> dict:
         p = self.params
         with dense_base(self.model, p.dense_generation):
             result = validate(self.engine, self.tokenizer, self.val_rows, self.style, max_new_tokens=p.val_max_new_tokens,
@@ -211,6 +214,7 @@ class Trainer:
         self.validation.append(result)
         log.info("validation at step %d: accuracy %.3f, format %.3f", self.step, result["accuracy"],
                  result["format_rate"])
+        return result
 
     def _log_samples(self, rollouts, reasons: list[dict]) -> None:
         for i in range(0, len(rollouts.responses), self.params.group_size)[:2]:
@@ -221,12 +225,11 @@ class Trainer:
             log.info("sample (step %d, %s): %r → %s", self.step, entry["id"], entry["response"][:300], entry["rewards"])
 
     def _write_logs(self) -> None:
-        """Rewrite the logs whole from the state that checkpoints hold, so a resumed run's logs equal an
-        uninterrupted run's: entries made after the last checkpoint are redone, never doubled."""
-        write_jsonl(self.paths.metrics_dir / "samples.jsonl", self.samples)
-        write_csv(self.paths.metrics_dir / "steps.csv", self.history)
-        if self.validation:
-            write_csv(self.paths.metrics_dir / "validation.csv", self.validation)
+        """Rewrite the samples and the measured log whole from the state that checkpoints hold, so a
+        resumed run's equal an uninterrupted run's: entries made after the last checkpoint are redone,
+        never doubled (the DVCLive files are replayed from that state by ``Tracker.start``)."""
+        write_jsonl(self.paths.samples, self.samples)
+        self.tracker.save_measured()
 
     def _finish(self) -> dict:
         kill_point("train.finish")
@@ -243,17 +246,17 @@ class Trainer:
             "reward_mean_first5": _mean([h["reward_mean"] for h in self.history[:5]]),
             "val_accuracy_last": self.validation[-1]["accuracy"] if self.validation else None,
             "val_accuracy_best": max((v["accuracy"] for v in self.validation), default=None),
-            "oom_events": sum(s.oom_events for s in self.sizes.values()),
+            "oom_events_total": sum(s.oom_events for s in self.sizes.values()),
             "curriculum_transitions": self.schedule.transitions,
-            "time_generate_s": sum(h.get("time_generate_s", 0.0) for h in self.history),
-            "time_train_s": sum(h.get("time_train_s", 0.0) for h in self.history),
-            "verify_timeouts": sum(h.get("verify_timeouts", 0.0) for h in self.history),
+            "verify_timeouts": sum(h.get("verify_timeouts", 0) for h in self.history),
+            # nested as DVCLive nests rewards/<name>/mean, so exp show lists them next to it
+            "rewards": {name: {"mean_first5": _mean([h[f"reward/{name}"] for h in self.history[:5]
+                                                      if f"reward/{name}" in h]),
+                               "mean_last5": _mean([h[f"reward/{name}"] for h in self.history[-5:]
+                                                     if f"reward/{name}" in h])}
+                        for name in self.params.rewards},
         }
-        for name in self.params.rewards:
-            key = f"reward/{name}"
-            summary[f"{key}_first5"] = _mean([h[key] for h in self.history[:5] if key in h])
-            summary[f"{key}_last5"] = _mean([h[key] for h in self.history[-5:] if key in h])
-        atomic_write_json(self.paths.summary, summary)
+        self.tracker.finish(summary, self.samples)
         return summary
 
 

@@ -84,7 +84,7 @@ def test_summarize():
         [s(False, "1"), s(False, "2", timed_out=True), s(False, "2"), s(True, "3")],
         [s(False, None, 100, "length")] * 4,
     ]
-    m = summarize(groups, elapsed_s=2.0, equivalent=exact)
+    m = summarize(groups, equivalent=exact)
     assert m["num_questions"] == 3 and m["n"] == 4
     assert m["pass@1"] == pytest.approx((0.75 + 0.25 + 0) / 3)
     assert m["pass@1_stderr"] == pytest.approx(mean_and_stderr([0.75, 0.25, 0.0])[1])
@@ -96,7 +96,7 @@ def test_summarize():
     assert m["truncation_rate"] == pytest.approx(4 / 12)
     assert m["answer_rate"] == pytest.approx(8 / 12)
     assert m["mean_length"] == pytest.approx((8 * 10 + 4 * 100) / 12)
-    assert m["tokens_per_s"] == pytest.approx(480 / 2.0)
+    assert "tokens_per_s" not in m  # a measured figure, logged apart (grpo/measured.py)
     assert m["verify_timeouts"] == 2
     with pytest.raises(ValueError):
-        summarize([[s(True, "1")], []], elapsed_s=1.0, equivalent=exact)
+        summarize([[s(True, "1")], []], equivalent=exact)

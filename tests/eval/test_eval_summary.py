@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo.eval.run import collect_metrics, write_summary
+from grpo.eval.summary import collect_metrics, write_summary
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -20,7 +20,7 @@ def test_out_of_memory_in_generation_changes_no_record(tiny_model_dir, monkeypat
         monkeypatch.setenv("GRPO_FAULT_OOM", faults)
         engine = make_engine("native", model_dir=tiny_model_dir, dtype="float32", batch_size=8)
         try:
-            records, _ = evaluate_rows(engine, tokenizer, rows, SAMPLED, PromptStyle("tagged"), adapter_dir=None,
+            records, _, _ = evaluate_rows(engine, tokenizer, rows, SAMPLED, PromptStyle("tagged"), adapter_dir=None,
                                        seed=3)
         finally:
             engine.close()

@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from grpo.config import EvaluateParams, ProtocolParams
 from grpo.eval.run import EvalPaths, evaluate_rows, run_evaluation
+from grpo.measured import is_measured
 from grpo.model.adapter import LoraSettings, save_adapter
 from grpo.model.lora import inject_lora, lora_modules
 from grpo.prompts import PromptStyle
@@ -73,12 +74,15 @@ def test_scoring_and_record_order(tiny_model_dir):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     rows = [{"id": f"q{i}", "question": f"What is {a} + {b}?", "answer": str(a + b), "answer_type": "integer"}
             for i, (a, b) in enumerate([(100, 23), (2, 3), (40, 2)])]
-    records, metrics = evaluate_rows(SumEngine(), tokenizer, rows, SAMPLED, STYLE, adapter_dir=None, seed=0)
+    records, metrics, measured = evaluate_rows(SumEngine(), tokenizer, rows, SAMPLED, STYLE, adapter_dir=None,
+                                               seed=0)
     assert [(r["id"], r["sample"]) for r in records] == [(f"q{i}", s) for i in range(3) for s in range(4)]
     assert [r["answer"] for r in records[:4]] == ["124", "124", "124", "123"]
     assert [r["correct"] for r in records[:4]] == [False, False, False, True]
     assert metrics["pass@1"] == 0.25 and metrics["pass@4"] == 1.0 and metrics["maj@4"] == 0.0
     assert metrics["verify_timeouts"] == 0
+    # 4 samples each of 3 + 1 + 2 tokens (the answers' digits)
+    assert measured["generate_s"] > 0 and measured["tokens_per_s"] == pytest.approx(24 / measured["generate_s"])
 
 
 def read_completions(path: Path) -> list[str]:
@@ -91,7 +95,8 @@ def test_native_base_final_best_differ(project):
     for model in ("base", "final", "best"):
         metrics = run_evaluation(model, "toy", params, STYLE, paths)
         assert metrics["num_questions"] == 3 and metrics["n"] == 1
-        assert 0 <= metrics["pass@1"] <= 1 and metrics["tokens_per_s"] > 0
+        assert 0 <= metrics["pass@1"] <= 1 and not any(is_measured(key) for key in metrics)
+        assert json.loads(paths.measured(model, "toy").read_text())["tokens_per_s"] > 0  # logs/eval/, untracked
         assert json.loads(paths.metrics(model, "toy").read_text()) == pytest.approx(metrics, abs=1e-6)
     outputs = {m: read_completions(paths.samples(m, "toy")) for m in ("base", "final", "best")}
     assert outputs["base"] != outputs["final"] != outputs["best"] != outputs["base"]
@@ -153,7 +158,7 @@ def test_vllm_base_final_best_differ(project):
         outputs = {}
         for model, adapter in (("base", None), ("final", project / "models" / "final"),
                                ("best", project / "models" / "best")):
-            records, metrics = evaluate_rows(engine, tokenizer, rows, GREEDY, STYLE, adapter_dir=adapter, seed=0)
+            records, metrics, _ = evaluate_rows(engine, tokenizer, rows, GREEDY, STYLE, adapter_dir=adapter, seed=0)
             assert metrics["num_questions"] == 3
             outputs[model] = [r["completion"] for r in records]
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,9 @@ import torch
 from safetensors.torch import save_file
 
 from grpo.select import SELECTION_FILE, select_checkpoint, write_best
+from grpo.trainlog import validation_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-HEADER = "step,accuracy,checkpoint,format_rate,num_questions,response_length_mean,truncated_frac"
 
 
 def make_adapter(folder: Path, marker: float) -> None:
@@ -26,15 +27,20 @@ def make_adapter(folder: Path, marker: float) -> None:
 
 
 def make_run(root: Path, rows: list[tuple[int, float, float]], missing: tuple[int, ...] = ()) -> Path:
-    """A validation log with (step, accuracy, response_length_mean) rows and their checkpoints."""
-    lines = [HEADER] + [f"{s},{acc},step-{s:06d},0.5,16.0,{length},0.0" for s, acc, length in rows]
-    log = root / "metrics" / "train" / "validation.csv"
-    log.parent.mkdir(parents=True)
-    log.write_text("\n".join(lines) + "\n")
+    """A validation log with (step, accuracy, mean completion length) rows, written by DVCLive itself as
+    the train stage writes it, and the rows' checkpoints."""
+    from dvclive import Live
+
+    live = Live(str(root / "metrics" / "train"), save_dvc_exp=False, dvcyaml=None)
+    for step, accuracy, length in rows:
+        live.step = step
+        for name, value in (("accuracy", accuracy), ("format_rate", 0.5), ("completions/mean_length", length)):
+            live.log_metric(f"eval/{name}", value)
+        live.next_step()
     for step, _, _ in rows:
         if step not in missing:
             make_adapter(root / "models" / "checkpoints" / f"step-{step:06d}" / "adapter", float(step))
-    return log
+    return validation_dir(root / "metrics" / "train")
 
 
 ROWS = [(5, 0.25, 90.0), (10, 0.5, 80.0), (15, 0.5, 80.0), (20, 0.375, 70.0)]
@@ -44,9 +50,9 @@ ROWS = [(5, 0.25, 90.0), (10, 0.5, 80.0), (15, 0.5, 80.0), (20, 0.375, 70.0)]
     ("accuracy", "max", "earliest", 10),
     ("accuracy", "max", "latest", 15),
     ("accuracy", "min", "earliest", 5),
-    ("response_length_mean", "min", "latest", 20),
-    ("response_length_mean", "max", "latest", 5),
-    ("response_length_mean", "min", "earliest", 20),
+    ("completions/mean_length", "min", "latest", 20),
+    ("completions/mean_length", "max", "latest", 5),
+    ("completions/mean_length", "min", "earliest", 20),
 ])
 def test_rule(tmp_path, metric, mode, tie, expected):
     log = make_run(tmp_path, ROWS)
@@ -54,7 +60,7 @@ def test_rule(tmp_path, metric, mode, tie, expected):
     assert selection.chosen.step == expected
 
 
-def test_ties_between_values_read_from_csv(tmp_path):
+def test_ties_between_values_read_from_text(tmp_path):
     log = make_run(tmp_path, [(5, 0.1 + 0.2, 1.0), (10, 0.3, 1.0)])
     ckpts = tmp_path / "models" / "checkpoints"
     assert select_checkpoint(log, ckpts, metric="accuracy", mode="max", tie="earliest").chosen.step == 5
@@ -75,13 +81,15 @@ def test_missing_and_corrupt_adapters_are_skipped_and_listed(tmp_path, caplog):
 def test_errors_name_the_problem(tmp_path):
     ckpts = tmp_path / "models" / "checkpoints"
     with pytest.raises(FileNotFoundError, match="validation log"):
-        select_checkpoint(tmp_path / "nope.csv", ckpts, metric="accuracy", mode="max", tie="earliest")
+        select_checkpoint(tmp_path / "nope", ckpts, metric="accuracy", mode="max", tie="earliest")
     log = make_run(tmp_path, ROWS, missing=(5, 10, 15, 20))
-    with pytest.raises(ValueError, match="column 'reward' .*available columns: accuracy, format_rate"):
+    with pytest.raises(ValueError, match="'reward' is not in the validation log .*no reward.tsv.*; available metrics: "
+                                         "accuracy, completions/mean_length, format_rate$"):
         select_checkpoint(log, ckpts, metric="reward", mode="max", tie="earliest")
     with pytest.raises(ValueError, match="no checkpoint .* is available"):
         select_checkpoint(log, ckpts, metric="accuracy", mode="max", tie="earliest")
-    log.write_text(HEADER + "\n")
+    shutil.rmtree(log)
+    log.mkdir()
     with pytest.raises(ValueError, match="has no rows"):
         select_checkpoint(log, ckpts, metric="accuracy", mode="max", tie="earliest")
 
@@ -121,5 +129,5 @@ def test_stage_reads_only_the_validation_log(tmp_path):
     in_project = [(tmp_path / line).resolve().relative_to(tmp_path.resolve()).as_posix()
                   for line in audit.read_text().splitlines()
                   if (tmp_path / line).resolve().is_relative_to(tmp_path.resolve())]
-    assert "metrics/train/validation.csv" in in_project
+    assert "metrics/train/plots/metrics/eval/accuracy.tsv" in in_project
     assert not [p for p in in_project if p.startswith(("eval/", "metrics/eval"))], in_project

@@ -88,5 +88,18 @@ def restrict_benchmarks(project: Path, benchmarks: list[str]) -> None:
     path.write_text(yaml.safe_dump(dvc, sort_keys=False))
 
 
+def dvc_outputs(project: Path) -> tuple[list[str], list[str]]:
+    """(cached, not cached) outputs of the project's dvc.yaml, in its order, matrix items expanded, as
+    dvc itself reads them."""
+    from dvc.repo import Repo
+
+    cached, uncached = [], []
+    with Repo(str(project)) as repo:
+        for stage in repo.index.stages:
+            for out in stage.outs:
+                (cached if out.use_cache else uncached).append(out.def_path)
+    return cached, uncached
+
+
 def ran_stages(output: str) -> list[str]:
     return [line.split("'")[1] for line in output.splitlines() if line.startswith("Running stage '")]

@@ -1,6 +1,7 @@
 """Habit 2 with real dvc: `dvc exp run -S` on a training param, a queued experiment run by
 `dvc queue start` (it runs in a temp copy of the repo, so this also checks the params' paths hold
-there), then `dvc exp show --json` lists both experiments with their params and metrics."""
+there), then `dvc exp show --json` lists both experiments with their params and DVCLive's metrics, and
+`dvc plots diff` draws the training curves from DVCLive's files."""
 from __future__ import annotations
 
 import json
@@ -74,14 +75,22 @@ def test_exp_run_set_param_queue_and_sweep(project_copy):
     assert "train.lr" in run("dvc params diff", project_copy).stdout
     run("dvc plots diff", project_copy)
     html = (project_copy / "dvc_plots/index.html").read_text()
-    assert "vegaEmbed('#reward'" in html and '"rev": "workspace"' in html and '"rev": "HEAD"' in html
+    # one chart per DVCLive file, each with the workspace's and HEAD's curve
+    for name in ("reward", "completions/mean_length", "eval/accuracy"):
+        assert f"metrics/train/plots/metrics/{name}.tsv" in html, name
+    assert '"rev": "workspace"' in html and '"rev": "HEAD"' in html
+    run("dvc plots show", project_copy)  # the live view: the workspace's DVCLive files
+    assert "metrics/train/plots/metrics/reward.tsv" in (project_copy / "dvc_plots/index.html").read_text()
 
     found = experiments(project_copy)
     assert {"lr-1e-3", "lr-2e-3"} <= set(found), sorted(found)
     for name, lr in (("lr-1e-3", 1e-3), ("lr-2e-3", 2e-3)):
         exp = found[name]
         assert exp["params"]["train"]["lr"] == lr
-        assert exp["metrics"]["metrics/train.json"]["steps"] == 2
+        train = exp["metrics"]["metrics/train/metrics.json"]  # DVCLive's summary, with TRL's names
+        assert train["steps"] == train["step"] == 2
+        assert {"reward", "reward_std", "completions", "clip_ratio", "entropy", "rewards", "eval"} <= set(train)
+        assert {"mean_length", "clipped_ratio"} <= set(train["completions"]) and "accuracy" in train["eval"]
         assert set(exp["metrics"]["metrics/eval.json"]) == {"base", "final", "best"}
 
     table = run(f"COLUMNS=200 {COMPARE}", project_copy).stdout

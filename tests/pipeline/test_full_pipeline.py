@@ -23,7 +23,7 @@ def test_full_dag_and_selective_reruns(tmp_path, tiny_model_dir):
     assert sum(s.startswith("evaluate_base@") for s in stages) == 4
     assert sum(s.startswith("evaluate@") for s in stages) == 8
     assert (project / "data/sent/curriculum.json").exists()
-    assert "curriculum" in (project / "metrics/train/steps.csv").read_text().splitlines()[0]
+    assert (project / "metrics/train/plots/metrics/curriculum_stage.tsv").is_file()  # DVCLive's per-step file
     assert json.loads((project / "models/best/SELECTION.json").read_text())["checkpoint"].startswith("step-")
     eval_metrics = json.loads((project / "metrics/eval.json").read_text())
     assert sorted(eval_metrics) == ["base", "best", "final"]
@@ -42,7 +42,7 @@ def test_full_dag_and_selective_reruns(tmp_path, tiny_model_dir):
     assert not any(s.startswith("evaluate_base@") for s in retrain)
     assert "sent" not in retrain and "prepare" not in retrain
     diff = run(["dvc", "metrics", "diff"], project)
-    assert "metrics/train.json" in diff.stdout or "metrics/eval.json" in diff.stdout
+    assert "metrics/train/metrics.json" in diff.stdout or "metrics/eval.json" in diff.stdout
     run(["git", "add", "-A"], project)
     run(["git", "commit", "-qm", "lr"], project)
 

@@ -8,17 +8,17 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shutil
 from pathlib import Path
 
 import matplotlib.image
-import numpy as np
-import pandas as pd
 import pytest
 import yaml
 
 from grpo.config import SECTIONS, parse_section
 from grpo.report import MODELS
 from grpo.report.markdown import SECTION_TITLES
+from grpo.train.tracking import Tracker
 from stages import report as report_stage
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -49,7 +49,35 @@ def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, sort_keys=True, indent=1))
 
 
-def make_inputs(root: Path, *, sent: bool = True, selection: bool = True) -> dict:
+def write_training_log(root: Path, drop: tuple[str, ...] = ()) -> None:
+    """Twelve steps and three validations through the train stage's own writer (DVCLive, TRL names),
+    with the metric names grpo/train/step.py gives them (no kl: beta is 0), minus ``drop``."""
+    tracker = Tracker(root / "metrics/train", root / "logs/train.json", [], {}, root / "logs/wandb")
+    tracker.start([], [])
+    validations = {4: (0.125, 0.25, 130.0, 0.2), 8: (0.25, 0.5, 120.0, 0.1), 12: (0.1875, 0.5625, 118.0, 0.1)}
+    for s in range(1, 13):
+        results = {"step": s, "reward_mean": 0.15 + 0.01 * s, "reward_std": 0.3, "reward/correctness": 0.05 + 0.01 * s,
+                   "reward/tagged_format_soft": 0.2 + 0.02 * s, "accuracy": 0.05 + 0.01 * s,
+                   "response_length_mean": 120.0 - s, "response_length_max": 160.0, "truncated_frac": 0.3 - 0.01 * s,
+                   "entropy_mean": 1.2 - 0.03 * s, "kept_token_frac": 1.0, "clip_frac_low": 0.0,
+                   "clip_frac_high": 0.01 * (s % 3), "grad_norm": 0.5 + 0.1 * (s % 4), "lr": 2e-4,
+                   "curriculum_stage": (s - 1) // 4, "frac_reward_zero_std": 0.5 - 0.02 * s,
+                   "oom_events/train": float(s > 6), "micro_batch/train": 4.0 if s > 6 else 8.0}
+        validation = None
+        if s in validations:
+            acc, fmt_rate, length, truncated = validations[s]
+            validation = {"step": s, "checkpoint": f"step-{s:06d}", "accuracy": acc, "format_rate": fmt_rate,
+                          "num_questions": 16.0, "response_length_mean": length, "truncated_frac": truncated}
+        measured = {"rollout_tokens_per_s": 300.0 + s, "train_tokens_per_s": 900.0 + 2 * s,
+                    "time_generate_s": 16.5 + s / 4, "time_train_s": 15.0 + s / 8}
+        tracker.log_step({k: v for k, v in results.items() if k not in drop}, validation, measured)
+    tracker.finish({"steps": 12, "reward_first": 0.16, "reward_last": 0.27, "reward_mean_first5": 0.18,
+                    "reward_mean_last5": 0.25, "oom_events_total": 1,
+                    "curriculum_transitions": [{"step": 4, "from": 0, "to": 1, "reason": "step_fraction"},
+                                               {"step": 8, "from": 1, "to": 2, "reason": "step_fraction"}]}, [])
+
+
+def make_inputs(root: Path, *, sent: bool = True, selection: bool = True, drop: tuple[str, ...] = ()) -> dict:
     """Synthetic upstream outputs under ``root``; returns the validated params."""
     params = write_params(root)
     write_json(root / "models/base/MODEL_INFO.json", {
@@ -70,27 +98,7 @@ def make_inputs(root: Path, *, sent: bool = True, selection: bool = True) -> dic
                       "| gsm8k | `gsm8k/train.jsonl` | 7473 | MIT | openai/grade-school-math `train.jsonl` |\n"
                       "| gsm8k | `gsm8k/test.jsonl` | 1319 | MIT | openai/grade-school-math `test.jsonl` |\n"
                       "\n## Notes\n")
-    s = np.arange(1, 13)
-    (root / "metrics/train").mkdir(parents=True)
-    pd.DataFrame({  # the columns grpo/train/step.py logs (no kl: beta is 0)
-        "step": s, "reward_mean": 0.15 + 0.01 * s, "reward_std": 0.3, "reward/correctness": 0.05 + 0.01 * s,
-        "reward/tagged_format_soft": 0.2 + 0.02 * s, "accuracy": 0.05 + 0.01 * s, "response_length_mean": 120 - s,
-        "response_length_max": 160.0, "truncated_frac": 0.3 - 0.01 * s, "entropy_mean": 1.2 - 0.03 * s,
-        "kept_token_frac": 1.0, "clip_frac_low": 0.0, "clip_frac_high": 0.01 * (s % 3),
-        "grad_norm": 0.5 + 0.1 * (s % 4), "lr": 2e-4, "rollout_tokens_per_s": 300.0 + s,
-        "train_tokens_per_s": 900.0 + 2 * s,
-        "curriculum_stage": (s - 1) // 4, "frac_reward_zero_std": 0.5 - 0.02 * s,
-        "oom_events/train": (s > 6).astype(float), "micro_batch/train": np.where(s > 6, 4.0, 8.0),
-    }).to_csv(root / "metrics/train/steps.csv", index=False)
-    (root / "metrics/train/validation.csv").write_text(
-        "step,accuracy,checkpoint,format_rate,num_questions,response_length_mean,truncated_frac\n"
-        "4,0.125,step-000004,0.25,16.0,130.0,0.2\n8,0.25,step-000008,0.5,16.0,120.0,0.1\n"
-        "12,0.1875,step-000012,0.5625,16.0,118.0,0.1\n")
-    write_json(root / "metrics/train.json", {
-        "steps": 12, "reward_first": 0.16, "reward_last": 0.27, "reward_mean_first5": 0.18, "reward_mean_last5": 0.25,
-        "oom_events": 1, "curriculum_transitions": [{"step": 4, "from": 0, "to": 1, "reason": "step_fraction"},
-                                                    {"step": 8, "from": 1, "to": 2, "reason": "step_fraction"}],
-        "time_generate_s": 200.5, "time_train_s": 180.25})
+    write_training_log(root, drop)
     if selection:
         write_json(root / "models/best/SELECTION.json", {
             "step": 8, "checkpoint": "step-000008", "metric": "accuracy", "value": 0.25, "mode": "max",
@@ -100,12 +108,17 @@ def make_inputs(root: Path, *, sent: bool = True, selection: bool = True) -> dic
             "unavailable": ["step-000004"]})
     write_json(root / "metrics/eval.json", {
         model: {b: {"num_questions": 8, "n": 1, "pass@1": 0.1 + 0.1 * i + 0.02 * j, "pass@1_stderr": 0.05,
-                    "answer_rate": 0.9, "truncation_rate": 0.1, "mean_length": 140.5, "tokens_per_s": 310.0}
+                    "answer_rate": 0.9, "truncation_rate": 0.1, "mean_length": 140.5}
                 for j, b in enumerate(BENCHMARKS) if not (model == "base" and b == "aime24")}  # one missing cell
         for i, model in enumerate(MODELS)})
+    for model in MODELS:  # measured figures: the untracked logs of the machine that evaluated
+        for bench in BENCHMARKS:
+            write_json(root / f"logs/eval/{model}/{bench}.json", {"generate_s": 2.5, "tokens_per_s": 310.5})
     if sent:
         write_json(root / "metrics/sent.json", {"enabled": True, "engine": "native", "M": 8, "questions": 40,
-                                                "entropy_mean": 1.1, "pass_rate_mean": 0.12, "tokens_per_s": 250.0})
+                                                "entropy_mean": 1.1, "pass_rate_mean": 0.12})
+        write_json(root / "logs/sent.json", {"time_s": 20.0, "generate_s": 16.0, "tokens_per_s": 250.5,
+                                             "questions_resumed": 0})
         (root / "data/sent").mkdir(parents=True)
         (root / "data/sent/scores.jsonl").write_text("".join(
             json.dumps({"id": f"gsm8k-{i}", "entropy": (i % 7) * 0.3, "clusters": 1 + i % 5, "pass_rate": (i % 5) / 8,
@@ -235,14 +248,12 @@ def test_model_card_front_matter(full_report):
 
 
 def test_optional_inputs_missing(tmp_path):
-    params = make_inputs(tmp_path, sent=False, selection=False)
-    steps = tmp_path / "metrics/train/steps.csv"
-    pd.read_csv(steps).drop(columns=["entropy_mean"]).to_csv(steps, index=False)
+    params = make_inputs(tmp_path, sent=False, selection=False, drop=("entropy_mean",))
     reports = run_stage(tmp_path, params)
     md = (reports / "report.md").read_text()
     assert list(sections(md)) == list(SECTION_TITLES)
     assert "SENT did not run" in md and "SELECTION.json is missing" in md
-    assert "entropy: steps.csv has no `entropy_mean` column" in md
+    assert "entropy: the training log has no `entropy`" in md
     assert sorted(p.name for p in (reports / "figures").iterdir()) == [
         "accuracy.png", "benchmarks.png", "diagnostics.png", "length.png", "reward.png", "validation.png"]
     page = (reports / "report.html").read_text()
@@ -254,10 +265,29 @@ def test_params_only(tmp_path):
     reports = run_stage(tmp_path, write_params(tmp_path))
     md = (reports / "report.md").read_text()
     assert list(sections(md)) == list(SECTION_TITLES)
-    assert "metrics/eval.json is missing" in md and "metrics/train/steps.csv is missing" in md
+    assert "metrics/eval.json is missing" in md and "metrics/train/plots/metrics is missing" in md
     assert not (reports / "figures").exists() or not any((reports / "figures").iterdir())
     card = (reports / "MODEL_CARD.md").read_text()
     assert yaml.safe_load(card.split("---\n")[1])["license"] == "other"
+
+
+def test_measured_figures_come_from_the_untracked_logs(full_report, tmp_path):
+    """The timings are in no tracked input: the report shows them from logs/, and without logs/ (a fresh
+    clone that pulled the outputs) the same report with those cells empty and the throughput panel gone."""
+    found = sections((full_report / "report.md").read_text())
+    # summed over the 12 steps: 12 * 16.5 + (1 + ... + 12) / 4 and 12 * 15 + (1 + ... + 12) / 8
+    assert "Time generating 217.5 s, training 189.8 s" in found["Training"]
+    assert ["tokens_per_s", "250.5"] in tables(found["Training"])[0]  # the SENT table
+    other = tables(found["Evaluation"])[2]
+    assert other[0][-4:] == ["mean_length", "tokens_per_s", "generate_s", "n"]
+    assert other[1][-3:] == ["310.5", "2.500", "1"]
+
+    params = make_inputs(tmp_path)
+    shutil.rmtree(tmp_path / "logs")
+    found = sections((run_stage(tmp_path, params) / "report.md").read_text())
+    assert "Time generating — s, training — s" in found["Training"]
+    assert "tokens_per_s" not in found["Evaluation"] and "tokens_per_s" not in found["Training"]
+    assert "not logged: KL to the reference policy, Throughput (tokens/s)" in found["Training"]
 
 
 def test_reruns_are_byte_identical(full_report, tmp_path):

@@ -51,7 +51,7 @@ def test_html_embeds_images(tmp_path):
 
 
 def test_figures_return_none_without_their_inputs(tmp_path: Path):
-    steps = pd.DataFrame({"step": [1, 2], "reward_mean": [0.1, 0.2]})
+    steps = pd.DataFrame({"step": [1, 2], "reward": [0.1, 0.2]})
     assert entropy_curve(steps, tmp_path / "e.png") is None and not (tmp_path / "e.png").exists()
     assert reward_curves(None, tmp_path / "r.png") is None
     assert reward_curves(steps, tmp_path / "r.png") == tmp_path / "r.png"  # no reward_std, no per-function

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from grpo.io import read_jsonl, write_jsonl
+from grpo.measured import is_measured
 from grpo.sent.curriculum import load_curriculum
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,19 +50,26 @@ def test_stage_writes_scores_curriculum_histogram_metrics_and_resumes(project):
     metrics = json.loads(text)
     assert list(metrics) == sorted(metrics)
     assert metrics["enabled"] is True and metrics["engine"] == "native" and metrics["M"] == 3
-    assert metrics["questions"] == 6 and metrics["generated_tokens"] > 0 and metrics["tokens_per_s"] > 0
+    assert metrics["questions"] == 6 and metrics["generated_tokens"] > 0
     for key in ("entropy_mean", "entropy_std", "entropy_min", "entropy_max", "entropy_p50",
                 "entropy_distinct_fraction", "pass_rate_mean", "truncated_fraction", "mean_length",
-                "dropped_all_correct", "dropped_all_wrong", "time_s"):
+                "dropped_all_correct", "dropped_all_wrong"):
         assert key in metrics, key
+    # timings are measured, not results: they go to the untracked log
+    assert not any(is_measured(key) for key in metrics), metrics
+    measured = json.loads((project / "logs/sent.json").read_text())
+    assert measured["tokens_per_s"] > 0 and measured["time_s"] >= measured["generate_s"] > 0
+    assert measured["questions_resumed"] == 0
     progress = json.loads((project / "data/sent_progress/progress.json").read_text())
     assert len(progress["scores"]) == 6
 
     # a rerun with the same params (dvc repro -f) takes every score from the progress file
-    first = {name: (project / name).read_bytes() for name in ("data/sent/scores.jsonl", "metrics/sent.json")}
+    first = {name: (project / name).read_bytes() for name in ("data/sent/scores.jsonl", "metrics/sent.json",
+                                                                "data/sent_progress/progress.json")}
     proc = run_stage(project, SENT)
     assert "6 of 6 questions already scored" in proc.stderr
     assert first == {name: (project / name).read_bytes() for name in first}
+    assert json.loads((project / "logs/sent.json").read_text())["questions_resumed"] == 6
 
 
 def test_disabled_stage_writes_no_curriculum(project):

@@ -42,7 +42,7 @@ def params(**overrides):
 
 def run(tmp_path, tiny_model_dir, p, name: str) -> Trainer:
     paths = TrainPaths(tiny_model_dir, tmp_path / name / "checkpoints", tmp_path / name / "final",
-                       tmp_path / name / "metrics", tmp_path / name / "train.json")
+                       tmp_path / name / "metrics", tmp_path / name / "logs" / "train.json")
     trainer = Trainer(p, STYLE, paths, ROWS, ROWS[:2], None, fingerprint(p, STYLE, []))
     trainer.run()
     return trainer

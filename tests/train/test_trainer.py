@@ -4,11 +4,15 @@ run's checkpoints. Faults (OOM storms, failed or truncated checkpoint writes) ar
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
+from grpo.measured import is_measured
 from grpo.train.checkpoint import list_checkpoints
+from grpo.train.tracking import logged
+from grpo.trainlog import read_steps, read_summary, read_validation
 from tests.train.harness import final_weights, kill_at_step, params, run
 from tests.train.harness import varied_reward as varied_reward  # noqa: F401 - a fixture, used below
 
@@ -22,33 +26,66 @@ def test_trains_only_lora_and_writes_outputs(tmp_path, tiny_model_dir):
     assert all(p.dtype == torch.float32 for p in trainer.lora_params)
     weights = final_weights(tmp_path, "plain")
     assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in weights.items())
-    summary = json.loads((tmp_path / "plain/train.json").read_text())
-    assert summary["steps"] == 3 and summary["verify_timeouts"] == 0
-    steps = (tmp_path / "plain/metrics/steps.csv").read_text().splitlines()
-    assert len(steps) == 4 and "reward/digit_share" in steps[0] and "kl_mean" in steps[0]
-    assert "verify_timeouts" in steps[0].split(",")
-    assert all(f"peak_memory_gib/{phase}" in steps[0] for phase in ("generate", "score", "train"))
-    validation = (tmp_path / "plain/metrics/validation.csv").read_text().splitlines()
-    assert [line.split(",")[0] for line in validation[1:]] == ["2", "3"]
+    summary = read_summary(tmp_path / "plain/metrics")
+    assert summary["steps"] == 3 and summary["step"] == 3 and summary["verify_timeouts"] == 0
+    steps = read_steps(tmp_path / "plain/metrics")
+    assert [row["step"] for row in steps] == [1, 2, 3]
+    # TRL's names (beta > 0: kl; mu = 2: a clipped ratio), and results only: no timing or memory figure
+    assert {"reward", "reward_std", "completions/mean_length", "completions/clipped_ratio", "clip_ratio/low_mean",
+            "clip_ratio/high_mean", "kl", "entropy", "rewards/digit_share/mean", "learning_rate",
+            "grad_norm", "verify_timeouts"} <= set(steps[0])
+    assert not [key for key in steps[0] if is_measured(key)]
+    assert summary["reward"] == steps[-1]["reward"] and summary["rewards"]["digit_share"]["mean"] == \
+        steps[-1]["rewards/digit_share/mean"]
+    measured = json.loads((tmp_path / "plain/logs/train.json").read_text())
+    assert [row["step"] for row in measured["steps"]] == [1, 2, 3]
+    assert all(f"peak_memory_gib/{phase}" in measured["steps"][0] for phase in ("generate", "score", "train"))
+    # each figure is rounded to 6 places on its own (grpo.io.round_floats), hence the tolerance
+    assert measured["time_generate_s"] == pytest.approx(sum(r["time_generate_s"] for r in measured["steps"]), abs=1e-5)
+    validation = read_validation(tmp_path / "plain/metrics")
+    assert [row["step"] for row in validation] == [2, 3] and {"accuracy", "format_rate"} <= set(validation[0])
     # last checkpoint (keep_last 1) plus the validated steps, which keep only their adapter
     kept = {c.name: sorted(p.name for p in c.iterdir()) for c in list_checkpoints(tmp_path / "plain/checkpoints")}
     assert kept["step-000003"] == ["adapter", "state.json", "trainer_state.pt"]
     assert kept["step-000002"] == ["adapter", "state.json"]
     assert "step-000001" not in kept
+    # checkpoints are DVC outputs: a rerun on the same inputs must write the same bytes, so no timings
+    state = json.loads((tmp_path / "plain/checkpoints/step-000003/state.json").read_text())
+    assert len(state["history"]) == 3 and not [k for row in state["history"] for k in row if is_measured(k)]
 
 
-def test_resume_after_crash_gives_the_same_adapter(tmp_path, tiny_model_dir, monkeypatch):
+def test_logged_names_are_trls_and_never_a_measured_figure():
+    row = {"step": 4, "reward_mean": 0.1234567891, "reward/correctness": 1.0, "truncated_frac": 0.5, "kl_mean": 0.0,
+           "clip_frac_low": 0.25, "lr": 1e-4, "accuracy": 1.0, "time_train_s": 3.5, "peak_memory_gib/train": 1.5}
+    assert logged(row) == {"reward": 0.123457, "rewards/correctness/mean": 1.0, "completions/clipped_ratio": 0.5,
+                           "kl": 0.0, "clip_ratio/low_mean": 0.25, "learning_rate": 1e-4, "accuracy": 1.0}
+    assert logged({"step": 4, "checkpoint": "step-000004", "accuracy": 0.5}, "eval/") == {"eval/accuracy": 0.5}
+
+
+def tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resume_after_crash_gives_the_same_adapter_and_logs(tmp_path, tiny_model_dir, monkeypatch):
     run(tmp_path, tiny_model_dir, params(), "uninterrupted")
     with monkeypatch.context() as patch:
         kill_at_step(patch, 3)  # after the step-2 checkpoint
         with pytest.raises(KeyboardInterrupt):
             run(tmp_path, tiny_model_dir, params(), "resumed")
+    # DVCLive wrote each step as it finished, so `dvc exp show` / `dvc plots` follow a running experiment
+    assert [row["step"] for row in read_steps(tmp_path / "resumed/metrics")] == [1, 2]
+    assert read_summary(tmp_path / "resumed/metrics")["step"] == 2
     trainer = run(tmp_path, tiny_model_dir, params(), "resumed")
     assert len(trainer.history) == 3
     expected, got = final_weights(tmp_path, "uninterrupted"), final_weights(tmp_path, "resumed")
     assert expected.keys() == got.keys()
     for key in expected:
         torch.testing.assert_close(got[key], expected[key], rtol=0, atol=0)
+    # the whole log (DVCLive's summary and per-step files, the samples) equals the uninterrupted run's
+    logs = tree(tmp_path / "uninterrupted/metrics")
+    assert "metrics.json" in logs and "plots/metrics/eval/accuracy.tsv" in logs and "samples.jsonl" in logs
+    assert tree(tmp_path / "resumed/metrics") == logs
+    assert [r["step"] for r in json.loads((tmp_path / "resumed/logs/train.json").read_text())["steps"]] == [1, 2, 3]
 
 
 def test_other_run_checkpoints_are_not_resumed(tmp_path, tiny_model_dir):
