@@ -153,18 +153,19 @@ def plans(work: Path, raw: dict, *, cuda: bool, budget: int) -> dict[str, dict]:
     params = load_params(work / "params.yaml", SECTIONS)
     arch = resolve_arch(params["model"].source, base_dir=work / "models" / "base")
     by = longest_prompts(work, raw)
-    kwargs = {"cuda": cuda, "prompt_tokens": max(by.values()), "prompt_tokens_by": by}
+    kwargs = {"cuda": cuda, "prompt_tokens": max(by.values()), "prompt_tokens_by": by, "budget": budget}
     planned: dict[str, dict] = {}
     for phase in plan_stages(params, arch, **kwargs):
         stage = phase.stage.replace("final,best", "final")
         entry = planned.setdefault(stage, {"prompt_tokens": by.get(stage.split("/")[-1], by.get(stage)),
                                            "peak_GiB": 0.0, "phases": []})
         entry["phases"].append({
-            "phase": phase.name, "sequences": phase.sequences, "tokens": phase.tokens,
+            "phase": phase.name, "sequences": phase.sequences, "requested": phase.requested or phase.sequences,
+            "tokens": phase.tokens,
             "peak_GiB": round(phase.peak / GIB, 3),
             "peak_without_runtime_GiB": round((phase.peak - phase.row("runtime")) / GIB, 3),
             "rows_GiB": {k: round(v / GIB, 3) for k, v in phase.rows if v},
-            "knob": phase.knob, "largest_knob_value_that_fits": largest_fitting(params, phase, budget, arch, **kwargs)})
+            "knob": phase.knob, "largest_knob_value_that_fits": largest_fitting(params, phase, arch, **kwargs)})
         entry["peak_GiB"] = max(entry["peak_GiB"], round(phase.peak / GIB, 3))
     return planned
 

@@ -53,7 +53,8 @@ COLUMNS = (  # (header, the plan rows it shows)
 LEGEND = ("weights: the base; lora: LoRA + gradients + AdamW (train) or the loaded adapter; dense: generate's "
           "cached dense copy of a 4-bit base; decoder: the static decoder's weight copies; kv: KV cache of "
           "every sequence; step: one decode step's logits, sampling and attention; prefill: the prompt pass; "
-          "activ: a training micro-batch's activations; logits: the log-prob chunk; runtime: CUDA allowance")
+          "activ: a training micro-batch's activations; logits: the log-prob chunk; runtime: CUDA allowance; "
+          "seqs a/b: the engine decodes a of the b sequences the knob asks for at once, all that fit the budget")
 
 
 def plan_table(phases: list[Phase], budget: int) -> list[str]:
@@ -62,13 +63,14 @@ def plan_table(phases: list[Phase], budget: int) -> list[str]:
         return f"{value / GIB:.2f}" if value else "."
 
     width = max(len(p.stage) for p in phases)
-    header = f"{'stage':<{width}}  {'phase':<10} {'seqs':>5} {'tokens':>6} " + " ".join(
+    header = f"{'stage':<{width}}  {'phase':<10} {'seqs':>7} {'tokens':>6} " + " ".join(
         f"{h:>7}" for h, _ in COLUMNS) + f" {'peak':>7}"
     lines = [header]
     for p in phases:
         cells = " ".join(f"{gib(sum(p.row(r) for r in rows)):>7}" for _, rows in COLUMNS)
         flag = "  OVER" if p.peak > budget else ""
-        lines.append(f"{p.stage:<{width}}  {p.name:<10} {p.sequences:>5} {p.tokens:>6} {cells} {gib(p.peak):>7}{flag}")
+        seqs = f"{p.sequences}/{p.requested}" if p.requested else str(p.sequences)
+        lines.append(f"{p.stage:<{width}}  {p.name:<10} {seqs:>7} {p.tokens:>6} {cells} {gib(p.peak):>7}{flag}")
     return lines
 
 
@@ -100,12 +102,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.budget_gib is None:
                 raise ValueError("train.device is cuda but this torch sees no GPU: plan with --budget-gib <GPU GiB>")
             gpu = True  # planning here for the GPU the params are meant for
-        plan_kwargs = {"cuda": gpu, "prompt_tokens": args.prompt_tokens}
+        budget = int(args.budget_gib * GIB) if args.budget_gib is not None else total
+        plan_kwargs = {"cuda": gpu, "prompt_tokens": args.prompt_tokens, "budget": budget}
         phases = plan_stages(params, arch, **plan_kwargs)
     except (ConfigError, ValueError, OSError, KeyError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    budget = int(args.budget_gib * GIB) if args.budget_gib is not None else total
     source = f"--budget-gib {args.budget_gib:g}" if args.budget_gib is not None else "the device"
     print(f"device: {name}, {total / GIB:.1f} GiB")
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
@@ -118,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  ({LEGEND})")
     over = [p for p in phases if p.peak > budget]
     for phase in over:
-        print(over_budget(phase, budget, source, largest_fitting(params, phase, budget, arch, **plan_kwargs)),
+        print(over_budget(phase, budget, source, largest_fitting(params, phase, arch, **plan_kwargs)),
               file=sys.stderr)
     if over:
         return 1

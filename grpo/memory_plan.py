@@ -38,6 +38,9 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # nf4 with double quantisation: 4 bits + an 8-bit absmax per 64 weights + an fp32 per 256 absmax blocks
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 CUDA_RUNTIME_BYTES = int(0.75 * GIB)  # CUDA context, cuBLAS workspaces, allocator slack
+# what GPU generation leaves unplanned when it sizes its rows in flight: cuBLAS workspaces, CUDA graph
+# pools, fragmentation (grpo/rollout/budget.py)
+GENERATION_MARGIN = int(0.5 * GIB)
 LORA_TRAIN_BYTES = 16  # per LoRA parameter in training: fp32 value, gradient, AdamW's two moments
 LORA_LOADED_BYTES = 4  # per LoRA parameter of a loaded adapter: the fp32 value (grpo/model/lora.py)
 MERGEABLE = ("q_proj", "k_proj", "v_proj", "o_proj")  # the LoRA layers the static decoder folds into its copy
@@ -119,6 +122,7 @@ class Phase:
     tokens_knob: str    # the length param, e.g. "evaluate.benchmarks.aime24.max_new_tokens"
     sequences: int      # concurrent sequences (generation) or micro-batch rows (training)
     tokens: int         # new tokens (generation) or prompt + response tokens (training)
+    requested: int = 0  # generation: the knob's sequences when the memory left caps them lower (else 0)
 
     @property
     def peak(self) -> int:
@@ -202,6 +206,31 @@ def max_slots(arch: Arch, budget: int, **shape) -> int:
     return max(0, (budget - fixed) // per_slot) if per_slot > 0 else 0
 
 
+def generation_slots(arch: Arch, left: int, **shape) -> int:
+    """The rows a GPU generate call may decode at once when ``left`` bytes remain once the weights and
+    the decoder's copies are in place: ``max_slots`` less ``GENERATION_MARGIN`` (grpo/rollout/budget.py
+    at run time, grpo/stage_plans.py in the plan). The engine runs min(its batch size, max(1, this))."""
+    return max_slots(arch, left - GENERATION_MARGIN, **shape)
+
+
+def fitted_generation(arch: Arch, requested: int, budget: int | None, resident: int,
+                      **shape) -> tuple[int, dict[str, int]]:
+    """(rows in flight, ``plan_generation``'s components at them) of a generate call asked for
+    ``requested`` rows with ``resident`` bytes already in place; with a ``budget`` the rows are capped as
+    the engine caps them (``generation_slots`` of what the budget leaves), else they are ``requested``."""
+    rows = plan_generation(arch, sequences=requested, **shape)
+    if budget is None:
+        return requested, rows
+    left = budget - resident - rows["decoder_copy"]
+    in_flight = min(requested, max(1, generation_slots(arch, left, **shape)))
+    return in_flight, plan_generation(arch, sequences=in_flight, **shape)
+
+
+def capped_from(requested: int, in_flight: int) -> int:
+    """``Phase.requested``: the knob's rows when the budget capped them, else 0."""
+    return requested if in_flight < requested else 0
+
+
 def plan_training(arch: Arch, p: TrainParams, *, dtype: str, prompt_tokens: int, cuda: bool) -> dict[str, int]:
     """The training phase's own components (bytes) for one micro-batch: activations, logprob_logits."""
     dt = DTYPE_BYTES[dtype]
@@ -228,9 +257,11 @@ def uses_static_decoder(backend: str, cuda: bool) -> bool:
     return cuda and backend in ("auto", "static")
 
 
-def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens: int, cuda: bool) -> tuple[Phase, Phase]:
+def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens: int, cuda: bool,
+                budget: int | None = None) -> tuple[Phase, Phase]:
     """The train stage's generation (rollouts and validation) and training phases for params ``p``
-    with the resolved ``compute_dtype`` (not ``auto``)."""
+    with the resolved ``compute_dtype`` (not ``auto``). With a GPU ``budget`` (bytes), the rollouts
+    decode the rows that fit it, as the engine does (``generation_slots``)."""
     static = uses_static_decoder(p.generation_backend, cuda)
     quantised = p.quantization == "nf4"
     resident = [
@@ -240,15 +271,15 @@ def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens
         ("lora_and_optimizer", lora_params(arch, p.lora.r, p.lora.targets) * LORA_TRAIN_BYTES),
         ("runtime", CUDA_RUNTIME_BYTES if cuda else 0),
     ]
-    generation = plan_generation(
-        arch, dtype=compute_dtype, quantised=quantised, sequences=p.generation_batch_size,
-        prompt_tokens=prompt_tokens, new_tokens=max(p.max_response_length, p.val_max_new_tokens),
-        static_decoder=static, lora_targets=tuple(p.lora.targets), merge_lora=p.generation_merge_lora,
-        top_p=p.top_p, top_k=p.top_k)
+    new_tokens = max(p.max_response_length, p.val_max_new_tokens)
+    in_flight, generation = fitted_generation(
+        arch, p.generation_batch_size, budget if cuda else None, sum(v for _, v in resident), dtype=compute_dtype,
+        quantised=quantised, prompt_tokens=prompt_tokens, new_tokens=new_tokens, static_decoder=static,
+        lora_targets=tuple(p.lora.targets), merge_lora=p.generation_merge_lora, top_p=p.top_p, top_k=p.top_k)
     training = plan_training(arch, p, dtype=compute_dtype, prompt_tokens=prompt_tokens, cuda=cuda)
     return (
         Phase("train", "generation", tuple(resident + list(generation.items())), "train.generation_batch_size",
-              "train.max_response_length", p.generation_batch_size, max(p.max_response_length, p.val_max_new_tokens)),
+              "train.max_response_length", in_flight, new_tokens, capped_from(p.generation_batch_size, in_flight)),
         Phase("train", "training", tuple(resident + list(training.items())), "train.train_batch_size",
               "train.max_response_length", p.train_batch_size, prompt_tokens + p.max_response_length),
     )

@@ -24,8 +24,8 @@ from typing import Any
 from grpo.config import EvaluateParams, LoraParams, PrepareParams, ProtocolParams, SentParams
 from grpo.hardware import cpu_native_bf16
 from grpo.infer import DEFAULT_MAX_NEW_TOKENS
-from grpo.memory_plan import (CUDA_RUNTIME_BYTES, LORA_LOADED_BYTES, Arch, Phase, lora_params, plan_generation,
-                              plan_memory, uses_static_decoder, weight_bytes)
+from grpo.memory_plan import (CUDA_RUNTIME_BYTES, LORA_LOADED_BYTES, Arch, Phase, capped_from, fitted_generation,
+                              lora_params, plan_memory, uses_static_decoder, weight_bytes)
 
 SECTIONS = ["model", "prepare", "sent", "train", "evaluate"]  # what plan_stages reads
 EVAL_MODELS = ("base", "final,best")  # best has final's shape (same adapter config)
@@ -42,34 +42,38 @@ def planned_dtype(dtype: str, cuda: bool) -> str:
 def _generation_phase(arch: Arch, stage: str, *, engine: str, dtype: str, cuda: bool, sequences: int,
                       prompt_tokens: int, new_tokens: int, knob: str, tokens_knob: str,
                       adapter: LoraParams | None = None, greedy: bool = False, top_p: float = 1.0,
-                      top_k: int = 0, quantised: bool = False) -> Phase:
-    """A generation-only stage over an engine that loads models/base (optionally + an adapter)."""
+                      top_k: int = 0, quantised: bool = False, budget: int | None = None) -> Phase:
+    """A generation-only stage over an engine that loads models/base (optionally + an adapter); on a
+    GPU with a ``budget`` the native engine decodes only the rows that fit it (grpo/rollout/budget.py)."""
     vllm = engine == "vllm"
     targets = tuple(adapter.targets) if adapter is not None else ()
     resident = [("base_weights", weight_bytes(arch, dtype, quantised)),
                 ("adapter", lora_params(arch, adapter.r, targets) * LORA_LOADED_BYTES if adapter else 0),
                 ("runtime", CUDA_RUNTIME_BYTES if cuda else 0)]
-    rows = plan_generation(arch, dtype=dtype, quantised=quantised, sequences=1 if vllm else sequences,
-                           prompt_tokens=prompt_tokens, new_tokens=new_tokens,
-                           static_decoder=uses_static_decoder("auto", cuda) and not vllm,
-                           lora_targets=targets, greedy=greedy, top_p=top_p, top_k=top_k)
+    requested = 1 if vllm else sequences
+    in_flight, rows = fitted_generation(
+        arch, requested, budget if cuda and not vllm else None, sum(v for _, v in resident), dtype=dtype,
+        quantised=quantised, prompt_tokens=prompt_tokens, new_tokens=new_tokens,
+        static_decoder=uses_static_decoder("auto", cuda) and not vllm, lora_targets=targets, greedy=greedy,
+        top_p=top_p, top_k=top_k)
     if vllm:  # vLLM's minimum: weights and one full-length sequence's cache; the batch is its own
         rows = {"kv_cache": rows["kv_cache"]}
         knob = ""
-    return Phase(stage, "generation", tuple(resident + list(rows.items())), knob, tokens_knob,
-                 1 if vllm else sequences, new_tokens)
+    return Phase(stage, "generation", tuple(resident + list(rows.items())), knob, tokens_knob, in_flight,
+                 new_tokens, capped_from(requested, in_flight))
 
 
-def plan_sent(arch: Arch, s: SentParams, prep: PrepareParams, *, cuda: bool, prompt_tokens: int) -> Phase:
+def plan_sent(arch: Arch, s: SentParams, prep: PrepareParams, *, cuda: bool, prompt_tokens: int,
+              budget: int | None = None) -> Phase:
     questions = s.batch_size if prep.max_train is None else min(s.batch_size, prep.max_train)
     return _generation_phase(arch, "sent", engine=s.engine, dtype=planned_dtype(s.dtype, cuda), cuda=cuda,
                              sequences=questions * s.M, prompt_tokens=prompt_tokens, new_tokens=s.max_new_tokens,
                              knob="sent.batch_size", tokens_knob="sent.max_new_tokens",
-                             top_p=s.top_p, top_k=s.top_k)
+                             top_p=s.top_p, top_k=s.top_k, budget=budget)
 
 
 def plan_evaluate(arch: Arch, e: EvaluateParams, benchmark: str, model: str, *, adapter: LoraParams,
-                  prep: PrepareParams, cuda: bool, prompt_tokens: int) -> Phase:
+                  prep: PrepareParams, cuda: bool, prompt_tokens: int, budget: int | None = None) -> Phase:
     protocol = e.benchmarks.get(benchmark, ProtocolParams())
     sequences = e.batch_size
     if benchmark in prep.max_eval:  # a short benchmark never fills a larger batch
@@ -80,7 +84,7 @@ def plan_evaluate(arch: Arch, e: EvaluateParams, benchmark: str, model: str, *, 
                              knob="evaluate.batch_size",
                              tokens_knob=f"evaluate.benchmarks.{benchmark}.max_new_tokens",
                              adapter=None if model == "base" else adapter,
-                             greedy=protocol.temperature == 0, top_p=protocol.top_p)
+                             greedy=protocol.temperature == 0, top_p=protocol.top_p, budget=budget)
 
 
 def plan_infer(arch: Arch, adapter: LoraParams, *, cuda: bool, prompt_tokens: int) -> Phase:
@@ -90,21 +94,23 @@ def plan_infer(arch: Arch, adapter: LoraParams, *, cuda: bool, prompt_tokens: in
 
 
 def plan_stages(params: dict[str, Any], arch: Arch, *, cuda: bool, prompt_tokens: int,
-                prompt_tokens_by: dict[str, int] | None = None) -> list[Phase]:
+                prompt_tokens_by: dict[str, int] | None = None, budget: int | None = None) -> list[Phase]:
     """Every GPU phase of the stages ``params`` enable, in pipeline order. ``params``: the validated
     ``SECTIONS``. ``prompt_tokens`` is the longest prompt to plan for; ``prompt_tokens_by`` may set it
-    per stage ("sent", "train", "infer") or per benchmark name."""
+    per stage ("sent", "train", "infer") or per benchmark name. With a GPU ``budget`` (bytes), native
+    generation decodes the rows that fit it, as the engines do at run time."""
     by = prompt_tokens_by or {}
     prep, train, ev = params["prepare"], params["train"], params["evaluate"]
     phases: list[Phase] = []
     if params["sent"].enabled:
-        phases.append(plan_sent(arch, params["sent"], prep, cuda=cuda, prompt_tokens=by.get("sent", prompt_tokens)))
+        phases.append(plan_sent(arch, params["sent"], prep, cuda=cuda, prompt_tokens=by.get("sent", prompt_tokens),
+                                budget=budget))
     phases.extend(plan_memory(arch, train, compute_dtype=planned_dtype(train.compute_dtype, cuda),
-                              prompt_tokens=by.get("train", prompt_tokens), cuda=cuda))
+                              prompt_tokens=by.get("train", prompt_tokens), cuda=cuda, budget=budget))
     for benchmark in prep.benchmarks:
         for model in EVAL_MODELS:
             phases.append(plan_evaluate(arch, ev, benchmark, model, adapter=train.lora, prep=prep, cuda=cuda,
-                                        prompt_tokens=by.get(benchmark, prompt_tokens)))
+                                        prompt_tokens=by.get(benchmark, prompt_tokens), budget=budget))
     phases.append(plan_infer(arch, train.lora, cuda=cuda, prompt_tokens=by.get("infer", prompt_tokens)))
     return phases
 
@@ -115,15 +121,16 @@ def with_param(params: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
     return {**params, section: dataclasses.replace(params[section], **{name: value})}
 
 
-def largest_fitting(params: dict[str, Any], phase: Phase, budget: int, arch: Arch, **plan_kwargs: Any) -> int:
+def largest_fitting(params: dict[str, Any], phase: Phase, arch: Arch, *, budget: int, **plan_kwargs: Any) -> int:
     """The largest value of ``phase.knob`` (at most its current value) whose plan of the same phase
-    fits ``budget`` bytes; 0 when not even 1 does (or the phase has no batch knob)."""
+    fits ``budget`` bytes; 0 when not even 1 does (or the phase has no batch knob). ``plan_kwargs``:
+    ``plan_stages``' (the budget is passed on: engines cap their rows to it)."""
     if not phase.knob:
         return 0
     current = getattr(params[phase.knob.split(".")[0]], phase.knob.split(".")[1])
 
     def peak(value: int) -> int:
-        planned = plan_stages(with_param(params, phase.knob, value), arch, **plan_kwargs)
+        planned = plan_stages(with_param(params, phase.knob, value), arch, budget=budget, **plan_kwargs)
         return next(p.peak for p in planned if (p.stage, p.name) == (phase.stage, phase.name))
 
     lo, hi = 0, current  # peak(lo) fits (or lo == 0), peak(hi + 1) does not

@@ -54,13 +54,14 @@ class NativeEngine:
 
     ``size`` adapts the rows in flight to out-of-memory errors across calls, as the trainer's
     micro-batches do (grpo.train.memory; the trainer passes its own ``size`` and ``fault_hook`` so
-    that its checkpoints and metrics carry them). ``max_slots_for(sequence_tokens)``, when given,
-    caps the rows in flight for a memory budget (grpo.memory_plan's formula and the free memory):
-    ``sequence_tokens`` is a call's longest prompt plus its ``max_new_tokens``."""
+    that its checkpoints and metrics carry them). ``max_slots_for(prompt_tokens, params)``, when
+    given, caps the rows in flight for a memory budget (grpo.memory_plan's formula and the free memory;
+    on a GPU grpo/rollout/budget.py's by default): ``prompt_tokens`` is a call's longest prompt,
+    ``params`` its sampling."""
 
     def __init__(self, model, tokenizer, *, batch_size: int, backend: str = "auto", merge_lora: bool = True,
                  release_dense: bool = True, size: AdaptiveBatchSize | None = None,
-                 fault_hook: FaultHook | None = None, max_slots_for: Callable[[int], int] | None = None) -> None:
+                 fault_hook: FaultHook | None = None, max_slots_for: Callable[[int, SamplingParams], int] | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if backend not in BACKENDS:
@@ -90,7 +91,7 @@ class NativeEngine:
     @classmethod
     def from_pretrained(cls, model_dir: str | Path, *, batch_size: int = 16, quantization: str = "none",
                         compute_dtype: str = "auto", device: str = "auto", adapter_dir: str | None = None,
-                        max_slots_for: Callable[[int], int] | None = None) -> "NativeEngine":
+                        max_slots_for: Callable[[int, SamplingParams], int] | None = None) -> "NativeEngine":
         """Load the HF folder ``model_dir`` (optionally with a PEFT-format adapter) for SENT or evaluation,
         through the training loader (grpo.model.loading: ``quantization`` nf4 or none, ``compute_dtype``
         auto = fp32 on CPU, bf16/fp16 on GPU).
@@ -145,7 +146,7 @@ class NativeEngine:
         had_oom = False
         while len(done) < len(rows):
             pending = [r for r in range(len(rows)) if r not in done]
-            in_flight = self._rows_in_flight([rows[r] for r in pending], params.max_new_tokens)
+            in_flight = self._rows_in_flight([rows[r] for r in pending], params)
 
             def finish(i: int, ids: list[int]) -> None:
                 done[pending[i]] = ids
@@ -164,14 +165,15 @@ class NativeEngine:
         self.size.end_step(had_oom)
         return done
 
-    def _rows_in_flight(self, rows: list[list[int]], max_new_tokens: int) -> int:
+    def _rows_in_flight(self, rows: list[list[int]], params: SamplingParams) -> int:
         """How many rows decode at once: the adaptive size, capped by the memory budget and the rows."""
         limit = min(self.size.current, len(rows))
         if self.max_slots_for is not None:
-            tokens = max(map(len, rows)) + max_new_tokens
-            budget = self.max_slots_for(tokens)
+            prompt_tokens = max(map(len, rows))
+            budget = self.max_slots_for(prompt_tokens, params)
             if budget < 1:
-                log.warning("the memory budget fits no sequence of %d tokens; trying one at a time", tokens)
+                log.warning("the memory budget fits no sequence of %d + %d tokens; trying one at a time",
+                            prompt_tokens, params.max_new_tokens)
             limit = min(limit, max(1, budget))
         return limit
 

@@ -57,8 +57,8 @@ def test_oom_redoes_only_unfinished_rows_and_changes_nothing(model, tokenizer, p
 def test_oom_halves_what_the_memory_budget_let_in(model, tokenizer, prompts):
     budgets = []
 
-    def two_slots(tokens: int) -> int:
-        budgets.append(tokens)
+    def two_slots(prompt_tokens: int, params: SamplingParams) -> int:
+        budgets.append((prompt_tokens, params))
         return 2
 
     expected = token_ids(NativeEngine(model, tokenizer, batch_size=8, backend="static").generate(prompts, PARAMS))
@@ -68,7 +68,7 @@ def test_oom_halves_what_the_memory_budget_let_in(model, tokenizer, prompts):
     assert token_ids(engine.generate(prompts, PARAMS)) == expected
     assert seen == [(9, 2), (9, 1)]  # the budget's 2, not the size's 8, is what halves
     longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
-    assert budgets[0] == longest + PARAMS.max_new_tokens
+    assert budgets[0] == (longest, PARAMS)
 
 
 def test_oom_with_one_row_in_flight_is_a_clear_error(model, tokenizer, prompts):
