@@ -21,7 +21,6 @@ before ``--deadline-s`` is recorded as skipped, and one still running then is ki
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
 import json
 import os
@@ -58,7 +57,8 @@ SMOKE_SETTINGS = {"prepare.max_train": 8, "prepare.max_val": 2, "train.max_steps
 GIB = 2**30
 # what the stages import beyond torch, transformers, bitsandbytes and triton (sent draws a histogram;
 # math500/aime24 answers are checked with math-verify): a missing one fails its stages, so it is named first
-NEEDED_MODULES = ("yaml", "tqdm", "numpy", "safetensors", "tokenizers", "bitsandbytes", "matplotlib", "math_verify")
+NEEDED_MODULES = ("yaml", "tqdm", "numpy", "safetensors", "tokenizers", "bitsandbytes", "matplotlib", "math_verify",
+                  "dvclive")
 
 
 def set_key(raw: dict, key: str, value) -> None:
@@ -173,20 +173,22 @@ def plans(work: Path, raw: dict, *, cuda: bool, budget: int) -> dict[str, dict]:
 def stage_metrics(work: Path, name: str) -> dict:
     """Throughput (and train's per-step peaks) from the files the stage wrote."""
     metrics = work / "metrics"
-    if name == "sent" and (metrics / "sent.json").is_file():
-        return {k: v for k, v in json.loads((metrics / "sent.json").read_text()).items()
+    logs = work / "logs"  # measured figures (grpo/measured.py); metrics/ holds results only
+    if name == "sent" and (logs / "sent.json").is_file():
+        return {k: v for k, v in json.loads((logs / "sent.json").read_text()).items()
                 if "token" in k or k.endswith("_s")}
-    if name == "train" and (metrics / "train" / "steps.csv").is_file():
-        keep = re.compile(r"tokens_per_s|^time_|peak|micro_batch|oom|response_length_mean")
-        rows = list(csv.DictReader((metrics / "train" / "steps.csv").open()))
-        return {"steps": [{k: float(v) for k, v in row.items() if v and (keep.search(k) or k == "step")}
-                          for row in rows]}
+    if name == "train" and (logs / "train.json").is_file():
+        keep = re.compile(r"tokens_per_s|^time_|peak|micro_batch|oom")
+        rows = json.loads((logs / "train.json").read_text())["steps"]
+        return {"steps": [{k: v for k, v in row.items() if keep.search(k) or k == "step"} for row in rows]}
     if name.startswith("evaluate "):
         model, benchmark = name.split()[1].split("/")
-        path = metrics / "eval" / model / f"{benchmark}.json"
-        if path.is_file():
-            found = json.loads(path.read_text())
-            return {k: found[k] for k in ("tokens_per_s", "mean_length", "truncation_rate", "pass@1") if k in found}
+        found = {}
+        for path in (metrics / "eval" / model / f"{benchmark}.json", logs / "eval" / model / f"{benchmark}.json"):
+            if path.is_file():
+                found.update(json.loads(path.read_text()))
+        return {k: found[k] for k in ("tokens_per_s", "generate_s", "mean_length", "truncation_rate", "pass@1")
+                if k in found}
     return {}
 
 
