@@ -57,8 +57,20 @@ SMOKE_SETTINGS = {"prepare.max_train": 8, "prepare.max_val": 2, "train.max_steps
 GIB = 2**30
 # what the stages import beyond torch, transformers, bitsandbytes and triton (sent draws a histogram;
 # math500/aime24 answers are checked with math-verify): a missing one fails its stages, so it is named first
-NEEDED_MODULES = ("yaml", "tqdm", "numpy", "safetensors", "tokenizers", "bitsandbytes", "matplotlib", "math_verify",
+NEEDED_MODULES = ("yaml", "tqdm", "numpy", "safetensors", "tokenizers", "bitsandbytes", "matplotlib",
+                  "math_verify", "latex2sympy2_extended.latex2sympy2",
                   "dvclive")
+
+
+def unimportable() -> list[str]:
+    """NEEDED_MODULES that fail to import (found is not enough: a copied package may lack its metadata)."""
+    failed = []
+    for name in NEEDED_MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - any failure means the stages that need it fail
+            failed.append(f"{name} ({type(err).__name__}: {err})")
+    return failed
 
 
 def set_key(raw: dict, key: str, value) -> None:
@@ -232,10 +244,9 @@ def main(argv: list[str] | None = None) -> int:
     logs = out / f"{args.name}_logs"
     logs.mkdir(parents=True, exist_ok=True)
     cap = None if args.smoke else args.cap_gib
-    results: dict = {"environment": environment(args.smoke, cap), "stages": [],
-                     "missing_modules": [m for m in NEEDED_MODULES if importlib.util.find_spec(m) is None]}
+    results: dict = {"environment": environment(args.smoke, cap), "stages": [], "missing_modules": unimportable()}
     if results["missing_modules"]:
-        print(f"warning: not installed here: {', '.join(results['missing_modules'])}; stages that import them fail")
+        print(f"warning: cannot import here: {', '.join(results['missing_modules'])}; stages that need them fail")
     model_dir = args.model_dir or Path("/tmp/gpu_stages_model" + ("_smoke" if args.smoke else ""))
     build_model_dir(model_dir, smoke=args.smoke, device="cpu" if args.smoke else "cuda")
     results["build_model_s"] = round(time.perf_counter() - t0, 1)

@@ -330,14 +330,17 @@ def test_stage_plans_bound_the_peaks_measured_under_the_8gib_cap():
     the R1-Distill-1.5B shape): each stage's plan (with its 0.75 GiB runtime allowance) plus the engine's
     generation margin is never below the measured allocator peak, and at most 1 GiB above it. The long
     evaluations come closest: captured CUDA graphs hold sampling buffers per length bucket
-    (bench/results/decode_memory.json), which the plan leaves to its allowance and margin."""
-    record = json.loads((ROOT / "bench" / "results" / "gpu_stages.json").read_text())
+    (bench/results/decode_memory.json), which the plan leaves to its allowance and margin. gsm8k ran in a
+    second call on the same machine (gpu_stages_gsm8k.json: the first reached its deadline)."""
+    records = [json.loads((ROOT / "bench" / "results" / name).read_text())
+               for name in ("gpu_stages.json", "gpu_stages_gsm8k.json")]
     checked = []
-    for stage in record["stages"]:
+    for stage in (stage for record in records for stage in record["stages"]):
         measured, plan = stage.get("measured", {}).get("peak_allocated_GiB"), stage.get("plan", {}).get("peak_GiB")
         if stage["rc"] != 0 or not measured or plan is None:
             continue
         assert measured <= plan + GENERATION_MARGIN / GIB, stage["stage"]
         assert plan <= measured + 1.0, stage["stage"]
         checked.append(stage["stage"])
-    assert {"sent", "train", "evaluate base/aime24", "evaluate final/aime24", "evaluate base/gsm8k"} <= set(checked)
+    assert {"sent", "train"} | {f"evaluate {model}/{benchmark}" for model in ("base", "final")
+                                for benchmark in ("aime24", "math500", "gsm8k")} <= set(checked)
