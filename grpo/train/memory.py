@@ -127,7 +127,8 @@ def run_in_micro_batches(
         saved = [None if p.grad is None else p.grad.clone() for p in params_with_grad]
         try:
             hook.check(size.phase, len(chunk))
-            results.append(work(chunk))
+            with torch.profiler.record_function(f"grpo/{size.phase}_micro_batch"):
+                results.append(work(chunk))
         except torch.OutOfMemoryError:
             for p, g in zip(params_with_grad, saved):
                 p.grad = g  # undo what a half-finished backward added
@@ -143,10 +144,12 @@ def run_in_micro_batches(
 @contextmanager
 def phase_peak_memory(metrics: dict[str, float], phase: str, device: torch.device) -> Iterator[None]:
     """Record the peak memory of the block: ``peak_memory_gib/<phase>``, the CUDA allocator's peak
-    during the block; on CPU, where no peak can be reset, the process's peak resident set so far."""
+    during the block; on CPU, where no peak can be reset, the process's peak resident set so far. The
+    block is also labelled ``grpo/<phase>`` for the profiler (grpo/profile.py; free when none runs)."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    yield
+    with torch.profiler.record_function(f"grpo/{phase}"):  # the phase's label in a `grpo.profile` trace
+        yield
     if device.type == "cuda":
         metrics[f"peak_memory_gib/{phase}"] = torch.cuda.max_memory_allocated(device) / 2**30
     else:  # ru_maxrss is in KiB on Linux

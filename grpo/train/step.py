@@ -167,9 +167,10 @@ def policy_updates(ctx: StepContext, batch: TrainBatch, advantages: torch.Tensor
 
         run_in_micro_batches(range(len(batch)), work, ctx.sizes["train"], ctx.hook, step=step,
                              params_with_grad=ctx.lora_params)
-        grad_norm = torch.nn.utils.clip_grad_norm_(ctx.lora_params, p.grad_clip)
-        ctx.optimizer.step()
-        ctx.scheduler.step()
+        with torch.profiler.record_function("grpo/optimizer"):
+            grad_norm = torch.nn.utils.clip_grad_norm_(ctx.lora_params, p.grad_clip)
+            ctx.optimizer.step()
+            ctx.scheduler.step()
         n = sum(k for k, _ in metrics_parts)
         totals = {key: sum(k * m[key] for k, m in metrics_parts) / n for key in metrics_parts[0][1]}
         totals["grad_norm"] = float(grad_norm)

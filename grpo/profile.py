@@ -1,0 +1,169 @@
+"""Where a training step's time and memory go: ``python -m grpo.profile [--params params.yaml] [--steps N]
+[--out logs/profile] [--budget-gib G]``.
+
+Runs the train stage for one warm-up step and N profiled steps, as ``grpo.tune``'s trials do (your model
+and data, a scratch project, its own process; on a GPU the allocator capped at ``--budget-gib``), under
+``torch.profiler``. Writes to ``--out``:
+
+- ``trace.json.gz``: the Chrome/Perfetto trace (open it at ui.perfetto.dev or chrome://tracing), phases
+  labelled ``grpo/generate``, ``grpo/score``, ``grpo/train`` (of which ``grpo/train_micro_batch`` and
+  ``grpo/optimizer``);
+- on CUDA, ``memory_snapshot.pickle`` (drag it onto pytorch.org/memory_viz) and ``memory.png``, the
+  allocated memory over the run drawn offline (torch's own HTML viewer loads its script from the network);
+- ``phases.txt`` / ``phases.json``: per phase, wall time, GPU busy time (CUDA kernels launched from the
+  phase's thread; backward kernels start on autograd's thread and are not counted there) and the peak
+  memory of the training log (CUDA allocated, or on CPU the process's resident set).
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import pickle
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import yaml
+
+from grpo.measured import TRAIN, read_log
+
+PHASES = ("generate", "score", "train", "train_micro_batch", "optimizer")
+GIB = 2**30
+
+
+@contextmanager
+def profiled(out: Path, cuda: bool) -> Iterator[None]:
+    """Profile the block (the stage's whole run) into ``out``: trace, per-phase times, memory snapshot."""
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    if cuda:
+        torch.cuda.memory._record_memory_history(max_entries=200_000)
+    with torch.profiler.profile(activities=activities) as prof:
+        yield
+    trace = out / "trace.json"
+    prof.export_chrome_trace(str(trace))
+    with trace.open("rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    trace.unlink()
+    (out / "phase_events.json").write_text(json.dumps(phase_times(prof.events())))
+    if cuda:
+        torch.cuda.memory._dump_snapshot(str(out / "memory_snapshot.pickle"))
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def phase_times(events: Any) -> dict[str, list[dict[str, float]]]:
+    """{phase: [{wall_s, gpu_s} per occurrence, in time order]} of the ``grpo/<phase>`` labels."""
+    found: dict[str, list[tuple[float, dict[str, float]]]] = {}
+    for e in events:
+        if e.name.startswith("grpo/") and e.name[5:] in PHASES:
+            found.setdefault(e.name[5:], []).append(
+                (e.time_range.start, {"wall_s": e.cpu_time_total / 1e6, "gpu_s": e.device_time_total / 1e6}))
+    return {phase: [t for _, t in sorted(items, key=lambda x: x[0])] for phase, items in found.items()}
+
+
+def phase_table(events: dict[str, list[dict[str, float]]], steps: list[dict], measured_steps: int) -> list[dict]:
+    """Per phase over the profiled steps (the warm-up step's occurrences dropped): total wall and GPU
+    seconds a step, and the peak memory the training log recorded for it."""
+    warm = {"generate": 1, "score": 1, "train": 1, "optimizer": 1}
+    rows = []
+    for phase in PHASES:
+        occurrences = events.get(phase, [])
+        if phase == "train_micro_batch":  # as many as the warm-up step had micro-batches: drop that share
+            skip = len(occurrences) // (measured_steps + 1) if occurrences else 0
+        else:
+            skip = warm.get(phase, 0)
+        kept = occurrences[skip:]
+        if not kept:
+            continue
+        peaks = [s[f"peak_memory_gib/{phase}"] for s in steps[1:] if f"peak_memory_gib/{phase}" in s]
+        rows.append({"phase": phase, "count": len(kept),
+                     "wall_s_per_step": sum(k["wall_s"] for k in kept) / measured_steps,
+                     "gpu_s_per_step": sum(k["gpu_s"] for k in kept) / measured_steps,
+                     "peak_gib": max(peaks) if peaks else None})
+    return rows
+
+
+def format_table(rows: list[dict], cuda: bool) -> list[str]:
+    mem = "peak alloc GiB" if cuda else "peak RSS GiB"
+    lines = [f"{'phase':<19}{'count':>6}{'wall s/step':>13}{'GPU s/step':>12}{mem:>16}"]
+    for r in rows:
+        peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] is not None else "-"
+        gpu = f"{r['gpu_s_per_step']:.3f}" if cuda else "-"
+        lines.append(f"{r['phase']:<19}{r['count']:>6}{r['wall_s_per_step']:>13.3f}{gpu:>12}{peak:>16}")
+    return lines
+
+
+def memory_png(snapshot: Path, png: Path) -> float:
+    """Draw allocated memory over the run from a snapshot's allocator trace; returns its peak in GiB."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = pickle.loads(snapshot.read_bytes())
+    events = [e for e in (data.get("device_traces") or [[]])[0] if e["action"] in ("alloc", "free_completed")]
+    t0 = events[0]["time_us"] if events else 0
+    times, level, now = [], [], 0
+    for e in events:
+        now += e["size"] if e["action"] == "alloc" else -e["size"]
+        times.append((e["time_us"] - t0) / 1e6)
+        level.append(now / GIB)
+    fig, ax = plt.subplots(figsize=(10, 4))
+    ax.plot(times, level, lw=0.8)
+    ax.set(xlabel="seconds since the first recorded allocation", ylabel="allocated GiB (traced)",
+           title="CUDA memory over the profiled run (relative to what was allocated before tracing)")
+    fig.tight_layout()
+    fig.savefig(png, dpi=120)
+    plt.close(fig)
+    return max(level, default=0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from grpo.tuning.trial import Workload, run_trial
+
+    parser = argparse.ArgumentParser(prog="python -m grpo.profile", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--steps", type=int, default=2, help="profiled steps after one warm-up step")
+    parser.add_argument("--out", type=Path, default=Path("logs/profile"))
+    parser.add_argument("--budget-gib", type=float, help="cap the CUDA allocator (a smaller card)")
+    parser.add_argument("--timeout-s", type=float, default=1800.0)
+    args = parser.parse_args(argv)
+    try:
+        raw = yaml.safe_load(args.params.read_text())
+    except OSError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = args.out.resolve()
+    with tempfile.TemporaryDirectory(prefix="grpo-profile-") as scratch:
+        try:
+            outcome = run_trial(args.params.resolve().parent, Path(scratch), raw, "train", {},
+                                workload=Workload(steps=args.steps), cap_gib=args.budget_gib,
+                                timeout_s=args.timeout_s, profile_dir=out)
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        steps = (read_log(Path(scratch) / TRAIN) or {}).get("steps", [])
+    if outcome.status not in ("ok", "oom") or not (out / "phase_events.json").exists():
+        print(f"error: the profiled run {outcome.status}: {outcome.detail}", file=sys.stderr)
+        return 1
+    cuda = (out / "memory_snapshot.pickle").exists()
+    rows = phase_table(json.loads((out / "phase_events.json").read_text()), steps, args.steps)
+    lines = format_table(rows, cuda) + [f"step: {outcome.speed:.3f} s (mean of {args.steps} after the warm-up)"
+                                        if outcome.speed else "step: not measured"]
+    if cuda:
+        lines.append(f"memory.png: traced peak {memory_png(out / 'memory_snapshot.pickle', out / 'memory.png'):.2f} GiB")
+    (out / "phases.json").write_text(json.dumps({"rows": rows, "step_s": outcome.speed, "outcome": outcome.status}))
+    (out / "phases.txt").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    print(f"wrote {out}/: trace.json.gz" + (", memory_snapshot.pickle, memory.png" if cuda else "") + ", phases.txt")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,180 @@
+"""Find the fastest settings that fit: ``python -m grpo.tune [--budget-gib N] [--stages train,sent,evaluate]
+[--trials-s S] [--write]``.
+
+For each stage it searches the knobs that trade memory for speed (grpo/tuning/knobs.py) one at a time,
+starting from the params as they are: every candidate value of a knob is first planned
+(grpo/stage_plans.py, against the budget) and pruned if it cannot fit, then measured by a short real run
+of the stage on your model and data (grpo/tuning/trial.py: a warm-up step excluded for train, tokens/s
+over two generate calls for sent and evaluate); the best value found is kept before the next knob. A trial
+that runs out of memory (even one the engine absorbed by shrinking its batch) or fails is recorded and
+skipped, never fatal. Prints a table of every trial and the winner against the shipped settings;
+``--write`` puts the winners into params.yaml, keeping its comments and order. Trials are cached in
+``logs/tune/<model>-<device>-<budget>.json``: a rerun with the same inputs measures nothing again.
+Needs ``models/base`` and ``data/prepared`` (``dvc repro prepare base_model``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from grpo.check import device_memory
+from grpo.config import ConfigError, load_params
+from grpo.io import atomic_write_json, atomic_write_text
+from grpo.memory_plan import GIB, resolve_arch
+from grpo.stage_plans import SECTIONS, plan_stages, with_param
+from grpo.tuning.knobs import SPEED, STAGES, current_settings, faster, knob_values
+from grpo.tuning.params_edit import update_params
+from grpo.tuning.trial import Outcome, Workload, run_trial
+
+CACHE = Path("logs/tune")
+
+
+def slug(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-." else "-" for c in text).strip("-").lower()
+
+
+class Tuner:
+    """Plans, runs and caches the trials of one (model, device, budget)."""
+
+    def __init__(self, project: Path, raw: dict, budget: int, gpu: bool, cache: Path, *, workload: Workload,
+                 trial_s: float, prompt_tokens: int) -> None:
+        self.project, self.raw, self.budget, self.gpu = project, raw, budget, gpu
+        self.params = load_params(project / "params.yaml", SECTIONS + ["prompt"])
+        self.arch = resolve_arch(self.params["model"].source)
+        self.cache_path, self.workload, self.trial_s, self.prompt_tokens = cache, workload, trial_s, prompt_tokens
+        self.cache: dict[str, dict] = json.loads(cache.read_text()) if cache.exists() else {}
+        self.rows: list[dict] = []
+
+    def planned_peak(self, stage: str, benchmark: str | None, settings: dict[str, Any]) -> float:
+        params = self.params
+        for key, value in settings.items():
+            params = with_param(params, key, value)
+        name = {"train": "train", "sent": "sent", "evaluate": f"evaluate base/{benchmark}"}[stage]
+        phases = plan_stages(params, self.arch, cuda=self.gpu, prompt_tokens=self.prompt_tokens, budget=self.budget)
+        return max((p.peak for p in phases if p.stage == name), default=0) / GIB
+
+    def trial(self, stage: str, benchmark: str | None, settings: dict[str, Any]) -> Outcome:
+        key = json.dumps([stage, benchmark, settings, self.workload.__dict__], sort_keys=True)
+        plan = self.planned_peak(stage, benchmark, settings)
+        if key in self.cache:
+            outcome, source = Outcome(**self.cache[key]), "cached"
+        elif plan > self.budget / GIB:
+            outcome, source = Outcome("pruned", detail=f"plan {plan:.2f} GiB > budget"), "plan"
+        else:
+            with tempfile.TemporaryDirectory(prefix="grpo-tune-") as scratch:
+                outcome = run_trial(self.project, Path(scratch), self.raw, stage, settings, benchmark=benchmark,
+                                    workload=self.workload, cap_gib=self.budget / GIB if self.gpu else None,
+                                    timeout_s=self.trial_s)
+            self.cache[key] = outcome.__dict__
+            atomic_write_json(self.cache_path, self.cache)
+            source = "measured"
+        self.rows.append({"stage": stage, "settings": settings, "plan_gib": round(plan, 2), "source": source,
+                          **outcome.__dict__})
+        print(f"  {stage:<8} {describe(settings, self.raw)}: {outcome.status}"
+              + (f", {outcome.speed:.3g} {SPEED[stage]}" if outcome.speed else "") + f" ({source})", flush=True)
+        return outcome
+
+    def search(self, stage: str) -> tuple[dict[str, Any], Outcome, Outcome]:
+        """Coordinate search from the current params: (winning settings, its outcome, the shipped one's)."""
+        benchmark = hardest_benchmark(self.raw) if stage == "evaluate" else None
+        knobs = knob_values(stage, self.raw, self.gpu)
+        best = current_settings(self.raw, list(knobs))
+        shipped = best_outcome = self.trial(stage, benchmark, best)
+        for key, values in knobs.items():
+            for value in values:
+                if value == best[key]:
+                    continue
+                candidate = {**best, key: value}
+                outcome = self.trial(stage, benchmark, candidate)
+                if outcome.status == "ok" and outcome.speed is not None and (
+                        best_outcome.status != "ok" or faster(stage, outcome.speed, best_outcome.speed)):
+                    best, best_outcome = candidate, outcome
+        return best, best_outcome, shipped
+
+
+def hardest_benchmark(raw: dict) -> str:
+    """The benchmark whose protocol generates the most tokens a question: the one batch size must suit."""
+    protocols = raw["evaluate"]["benchmarks"]
+    return max(raw["prepare"]["benchmarks"], key=lambda b: protocols[b].get("n", 1) * protocols[b]["max_new_tokens"])
+
+
+def describe(settings: dict[str, Any], raw: dict) -> str:
+    """The settings that differ from the params file, or 'as shipped'."""
+    changed = [f"{k.split('.')[1]}={v}" for k, v in settings.items() if current_settings(raw, [k])[k] != v]
+    return ", ".join(changed) or "as shipped"
+
+
+def table(rows: list[dict], raw: dict) -> list[str]:
+    lines = [f"{'stage':<9}{'settings (changed from params.yaml)':<58}{'outcome':<9}{'speed':>12}{'peak GiB':>9}"
+             f"{'plan GiB':>9}{'wall s':>8}"]
+    for r in rows:
+        speed = f"{r['speed']:.3g} {SPEED[r['stage']]}" if r["speed"] else "-"
+        peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] else "-"
+        lines.append(f"{r['stage']:<9}{describe(r['settings'], raw)[:57]:<58}{r['status']:<9}{speed:>12}{peak:>9}"
+                     f"{r['plan_gib']:>9.2f}{r['wall_s']:>8.1f}" + (f"  {r['detail']}" if r["detail"] else ""))
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m grpo.tune", description=__doc__.splitlines()[0])
+    parser.add_argument("--params", type=Path, default=Path("params.yaml"))
+    parser.add_argument("--budget-gib", type=float, help="memory to fit (default: the device's; on a GPU "
+                        "each trial's allocator is capped to it)")
+    parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
+    parser.add_argument("--trials-s", type=float, default=600.0, help="a trial's time limit (default 600 s)")
+    parser.add_argument("--steps", type=int, default=2, help="training steps measured after one warm-up step")
+    parser.add_argument("--questions", type=int, default=0, help="sent/evaluate rows a trial (default 2 batches)")
+    parser.add_argument("--prompt-tokens", type=int, default=256, help="longest prompt the plan assumes")
+    parser.add_argument("--write", action="store_true", help="write the winners into --params")
+    args = parser.parse_args(argv)
+    try:
+        stages = [s.strip() for s in args.stages.split(",") if s.strip()]
+        bad = [s for s in stages if s not in STAGES]
+        if bad:
+            raise ValueError(f"--stages: unknown stage {bad[0]!r}; choose from {', '.join(STAGES)}")
+        raw = yaml.safe_load(args.params.read_text())
+        params = load_params(args.params, SECTIONS)
+        name, total, gpu = device_memory(params["train"].device)
+        gpu = gpu and torch.cuda.is_available()
+        budget = int(args.budget_gib * GIB) if args.budget_gib else total
+        project = args.params.resolve().parent
+        cache = project / CACHE / f"{slug(params['model'].source.split('/')[-1])}-{slug(name)}-{budget / GIB:.1f}gib.json"
+        tuner = Tuner(project, raw, budget, gpu, cache, workload=Workload(args.steps, args.questions),
+                      trial_s=args.trials_s, prompt_tokens=args.prompt_tokens)
+    except (ConfigError, ValueError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"tuning {', '.join(stages)} on {name} within {budget / GIB:.2f} GiB (cache {cache})")
+    winners: dict[str, Any] = {}
+    summary = []
+    for stage in stages:
+        try:
+            best, outcome, shipped = tuner.search(stage)
+        except FileNotFoundError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        if outcome.status != "ok":
+            summary.append(f"{stage}: no setting ran cleanly within {budget / GIB:.2f} GiB (see the table)")
+            continue
+        gain = (f"{shipped.speed / outcome.speed:.2f}x" if stage == "train" else f"{outcome.speed / shipped.speed:.2f}x"
+                ) if shipped.status == "ok" and shipped.speed else "the shipped settings did not run cleanly"
+        summary.append(f"{stage}: {describe(best, raw)} -> {outcome.speed:.3g} {SPEED[stage]} ({gain} the shipped)")
+        winners.update({k: v for k, v in best.items() if current_settings(raw, [k])[k] != v})
+    lines = table(tuner.rows, raw) + ["", "winner:"] + ["  " + s for s in summary]
+    print("\n" + "\n".join(lines))
+    atomic_write_text(cache.with_suffix(".txt"), "\n".join(lines) + "\n")
+    if args.write:
+        for change in update_params(args.params, winners) or ["nothing to change: the shipped settings won"]:
+            print(f"params: {change}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

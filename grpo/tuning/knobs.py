@@ -1,0 +1,74 @@
+"""The settings the tuner may change: per stage, the knobs that trade memory for speed, and their candidates.
+
+Each knob is a dotted params key and a few values around the current one (half, same, double, and the
+whole step where that is the natural top), so a search stays a handful of trials per knob. On a CPU the
+compute dtype and, for SENT, the engine are knobs too: which is faster depends on the CPU (native bf16 or
+not), which is exactly what a measured trial finds out.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from grpo.stage_plans import planned_dtype
+
+STAGES = ("train", "sent", "evaluate")  # what `grpo.tune --stages` may name, in pipeline order
+SPEED = {"train": "s/step", "sent": "tok/s", "evaluate": "tok/s"}  # train: lower wins; others: higher
+
+
+def faster(stage: str, a: float, b: float) -> bool:
+    """Is speed ``a`` better than ``b`` for this stage's measure?"""
+    return a < b if stage == "train" else a > b
+
+
+def _around(current: int, top: int) -> list[int]:
+    return sorted({v for v in (current // 2, current, current * 2) if 1 <= v <= top})
+
+
+def _dtypes(current: str) -> list[str]:
+    """A CPU's dtype candidates: the current one (``auto`` stays ``auto``, so a tuned params file keeps
+    choosing by capability) and whichever of fp32/bf16 it does not resolve to here."""
+    resolved = planned_dtype(current, cuda=False)
+    return [current] + [d for d in ("float32", "bfloat16") if d != resolved]
+
+
+def _vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def knob_values(stage: str, raw: dict[str, Any], gpu: bool) -> dict[str, list[Any]]:
+    """{params key: candidate values} for ``stage``, from the user's raw params; the current value is
+    always among the candidates."""
+    if stage == "train":
+        t = raw["train"]
+        sequences = t["prompts_per_step"] * t["group_size"]
+        knobs: dict[str, list[Any]] = {
+            "train.generation_batch_size": sorted(set(_around(t["generation_batch_size"], sequences)) | {sequences}),
+            "train.train_batch_size": _around(t["train_batch_size"], sequences),
+            "train.gradient_checkpointing": [True, False],
+        }
+        if t.get("quantization", "nf4") == "nf4":
+            knobs["train.dense_generation"] = [True, False]
+        if gpu:
+            knobs["train.generation_merge_lora"] = [True, False]
+            knobs["train.logprob_chunk_size"] = _around(t["logprob_chunk_size"], 1 << 16)
+        else:
+            knobs["train.compute_dtype"] = _dtypes(t["compute_dtype"])
+        return knobs
+    if stage in ("sent", "evaluate"):
+        section = raw[stage]
+        knobs = {f"{stage}.batch_size": _around(section["batch_size"], 1 << 12)}
+        if not gpu:
+            knobs[f"{stage}.dtype"] = _dtypes(section["dtype"])
+            if stage == "sent" and _vllm_available():
+                knobs["sent.engine"] = ["native", "vllm"]
+        return knobs
+    raise ValueError(f"--stages: unknown stage {stage!r}; choose from {', '.join(STAGES)}")
+
+
+def current_settings(raw: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    out = {}
+    for key in keys:
+        section, name = key.split(".")
+        out[key] = raw[section][name]
+    return out

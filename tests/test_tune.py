@@ -1,0 +1,107 @@
+"""grpo.tune on the tiny model, for real: every trial is the stage script run in its own process on the
+project's model and data. An injected out-of-memory error (GRPO_FAULT_OOM, the same hook the fault suite
+uses) in every training micro-batch of more than 2 rows stands in for a setting that does not fit."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from grpo.tune import main as tune_main
+from grpo.tuning.knobs import knob_values
+from grpo.tuning.params_edit import update_params
+from tests.pipeline.project import copy_project, edit_params, run, tiny_params
+
+
+@pytest.fixture(scope="module")
+def prepared_project(tmp_path_factory, tiny_model_dir) -> Path:
+    """The project on the tiny model with models/base and data/prepared built (what the tuner needs)."""
+    project = copy_project(tmp_path_factory.mktemp("tune") / "project")
+    tiny_params(project, tiny_model_dir, ["gsm8k"])
+    edit_params(project, prepare={"benchmarks": ["gsm8k"]},
+                train={"generation_batch_size": 4, "train_batch_size": 2},
+                evaluate={"batch_size": 2, "dtype": "float32"})
+    run("python -m stages.base_model && python -m stages.prepare", project)
+    return project
+
+
+def test_tune_measures_skips_an_oom_trial_caches_and_writes(prepared_project):
+    params = prepared_project / "params.yaml"
+    before = params.read_text()
+    out = run("python -m grpo.tune --budget-gib 8 --stages train,evaluate --steps 1 --write", prepared_project,
+              GRPO_FAULT_OOM="train:size>2").stdout
+    cache = next((prepared_project / "logs" / "tune").glob("*.json"))
+    trials = list(json.loads(cache.read_text()).items())
+    by_settings = {(json.loads(k)[0], json.dumps(json.loads(k)[2], sort_keys=True)): v for k, v in trials}
+    # the injected OOM: micro-batches of 4 rows fail, and that trial is recorded, not fatal
+    ooms = [json.loads(k)[2] for k, v in trials if v["status"] == "oom"]
+    assert ooms and all(s["train.train_batch_size"] == 4 for s in ooms)
+    assert all(v["status"] == "ok" for k, v in trials if json.loads(k)[2].get("train.train_batch_size", 0) <= 2)
+    # every measured trial has its speed: seconds a step for train, tokens/s for evaluate
+    assert all(v["speed"] > 0 for v in by_settings.values() if v["status"] == "ok")
+    assert "winner:" in out and "train:" in out and "evaluate:" in out
+    # --write put the winner in params.yaml: a clean trial, never slower than the shipped settings
+    written = yaml.safe_load(params.read_text())
+    shipped_params = yaml.safe_load(before)
+    train_keys = list(json.loads(next(k for k, _ in trials if json.loads(k)[0] == "train"))[2])
+
+    def settings_of(raw: dict) -> str:
+        return json.dumps({k: raw[k.split(".")[0]][k.split(".")[1]] for k in train_keys}, sort_keys=True)
+
+    winner, shipped = by_settings[("train", settings_of(written))], by_settings[("train", settings_of(shipped_params))]
+    assert winner["status"] == "ok" and winner["speed"] <= shipped["speed"]
+    assert written["train"]["train_batch_size"] <= 2  # never the setting that ran out of memory
+    # comments survive the edit
+    assert [line for line in before.splitlines() if "#" in line][:5] == \
+        [line for line in params.read_text().splitlines() if "#" in line][:5]
+    # a rerun measures nothing: every trial comes from the cache
+    params.write_text(before)
+    rerun = run("python -m grpo.tune --budget-gib 8 --stages train,evaluate --steps 1", prepared_project).stdout
+    assert "(measured)" not in rerun and "(cached)" in rerun
+
+
+def test_tune_rejects_an_unknown_stage(prepared_project, capsys):
+    assert tune_main(["--params", str(prepared_project / "params.yaml"), "--stages", "trian"]) == 2
+    assert "--stages: unknown stage 'trian'" in capsys.readouterr().err
+
+
+def test_knob_candidates_hold_the_current_value_and_stay_within_a_step():
+    raw = {"train": {"prompts_per_step": 4, "group_size": 4, "generation_batch_size": 8, "train_batch_size": 16,
+                     "quantization": "nf4", "compute_dtype": "float32", "logprob_chunk_size": 1024}}
+    knobs = knob_values("train", raw, gpu=False)
+    assert knobs["train.generation_batch_size"] == [4, 8, 16]  # half, same, double = the whole step
+    assert knobs["train.train_batch_size"] == [8, 16]  # double would exceed the step's 16 sequences
+    assert knobs["train.compute_dtype"] == ["float32", "bfloat16"]
+    assert "train.generation_merge_lora" not in knobs and "train.generation_merge_lora" in knob_values("train", raw, True)
+
+
+def test_update_params_keeps_comments_nulls_and_quotes(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text('train:\n  lr: 1.0e-4   # why this lr\n  delta: null\n  prefill: ""\n  batch: 8  # rows\n')
+    assert update_params(path, {"train.batch": 16, "train.lr": 1.0e-4}) == ["train.batch: 8 -> 16"]
+    assert path.read_text() == 'train:\n  lr: 1.0e-4   # why this lr\n  delta: null\n  prefill: ""\n  batch: 16 # rows\n'
+    with pytest.raises(KeyError, match="no section 'sent'"):
+        update_params(path, {"sent.batch_size": 2})
+
+
+def test_profile_writes_a_trace_with_labelled_phases_and_a_table(prepared_project):
+    printed = run("python -m grpo.profile --steps 1", prepared_project).stdout
+    out = prepared_project / "logs" / "profile"
+
+    trace = json.loads(gzip.open(out / "trace.json.gz").read())
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert {"grpo/generate", "grpo/score", "grpo/train", "grpo/train_micro_batch", "grpo/optimizer"} <= names
+    rows = {r["phase"]: r for r in json.loads((out / "phases.json").read_text())["rows"]}
+    # one profiled step after the warm-up: one of each phase, micro-batches as the step had them
+    assert rows["generate"]["count"] == rows["train"]["count"] == rows["optimizer"]["count"] == 1
+    assert rows["train_micro_batch"]["count"] >= 1
+    # nested phases take no longer than the phase that holds them; the step holds them all
+    assert rows["optimizer"]["wall_s_per_step"] <= rows["train"]["wall_s_per_step"]
+    assert rows["train_micro_batch"]["wall_s_per_step"] <= rows["train"]["wall_s_per_step"]
+    step_s = json.loads((out / "phases.json").read_text())["step_s"]
+    assert rows["generate"]["wall_s_per_step"] + rows["train"]["wall_s_per_step"] <= step_s * 1.05
+    assert rows["generate"]["peak_gib"] > 0  # the process's resident set on CPU
+    assert "phase" in printed and "trace.json.gz" in printed
