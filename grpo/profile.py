@@ -36,16 +36,25 @@ GIB = 2**30
 
 
 @contextmanager
-def profiled(out: Path, cuda: bool) -> Iterator[None]:
-    """Profile the block (the stage's whole run) into ``out``: trace, per-phase times, memory snapshot."""
+def profiled(out: Path, cuda: bool, measured_steps: int) -> Iterator[None]:
+    """Profile the stage run in the block into ``out``: the loading and the warm-up step are skipped (the
+    schedule advances as each training step starts), the next ``measured_steps`` steps are traced. The
+    memory snapshot covers the whole run."""
     import torch
+
+    from grpo.train.memory import STEP_START_HOOKS
 
     out.mkdir(parents=True, exist_ok=True)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     if cuda:
-        torch.cuda.memory._record_memory_history(max_entries=200_000)
-    with torch.profiler.profile(activities=activities) as prof:
-        yield
+        torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")  # C++ stacks: too big
+    schedule = torch.profiler.schedule(wait=2, warmup=0, active=measured_steps, repeat=1)  # 0: loading, 1: warm-up
+    with torch.profiler.profile(activities=activities, schedule=schedule) as prof:
+        STEP_START_HOOKS.append(prof.step)
+        try:
+            yield
+        finally:
+            STEP_START_HOOKS.remove(prof.step)
     trace = out / "trace.json"
     prof.export_chrome_trace(str(trace))
     with trace.open("rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:
@@ -68,23 +77,17 @@ def phase_times(events: Any) -> dict[str, list[dict[str, float]]]:
 
 
 def phase_table(events: dict[str, list[dict[str, float]]], steps: list[dict], measured_steps: int) -> list[dict]:
-    """Per phase over the profiled steps (the warm-up step's occurrences dropped): total wall and GPU
-    seconds a step, and the peak memory the training log recorded for it."""
-    warm = {"generate": 1, "score": 1, "train": 1, "optimizer": 1}
+    """Per phase over the traced steps: wall and GPU seconds a step, and the peak memory the training
+    log recorded for it (the warm-up step's excluded)."""
     rows = []
     for phase in PHASES:
-        occurrences = events.get(phase, [])
-        if phase == "train_micro_batch":  # as many as the warm-up step had micro-batches: drop that share
-            skip = len(occurrences) // (measured_steps + 1) if occurrences else 0
-        else:
-            skip = warm.get(phase, 0)
-        kept = occurrences[skip:]
-        if not kept:
+        traced = events.get(phase, [])
+        if not traced:
             continue
         peaks = [s[f"peak_memory_gib/{phase}"] for s in steps[1:] if f"peak_memory_gib/{phase}" in s]
-        rows.append({"phase": phase, "count": len(kept),
-                     "wall_s_per_step": sum(k["wall_s"] for k in kept) / measured_steps,
-                     "gpu_s_per_step": sum(k["gpu_s"] for k in kept) / measured_steps,
+        rows.append({"phase": phase, "count": len(traced),
+                     "wall_s_per_step": sum(t["wall_s"] for t in traced) / measured_steps,
+                     "gpu_s_per_step": sum(t["gpu_s"] for t in traced) / measured_steps,
                      "peak_gib": max(peaks) if peaks else None})
     return rows
 

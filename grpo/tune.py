@@ -77,7 +77,7 @@ class Tuner:
             source = "measured"
         self.rows.append({"stage": stage, "settings": settings, "plan_gib": round(plan, 2), "source": source,
                           **outcome.__dict__})
-        print(f"  {stage:<8} {describe(settings, self.raw)}: {outcome.status}"
+        print(f"  {stage:<8} {describe(settings, self.params)}: {outcome.status}"
               + (f", {outcome.speed:.3g} {SPEED[stage]}" if outcome.speed else "") + f" ({source})", flush=True)
         return outcome
 
@@ -85,7 +85,7 @@ class Tuner:
         """Coordinate search from the current params: (winning settings, its outcome, the shipped one's)."""
         benchmark = hardest_benchmark(self.raw) if stage == "evaluate" else None
         knobs = knob_values(stage, self.raw, self.gpu)
-        best = current_settings(self.raw, list(knobs))
+        best = current_settings(self.params, list(knobs))
         shipped = best_outcome = self.trial(stage, benchmark, best)
         for key, values in knobs.items():
             for value in values:
@@ -105,19 +105,19 @@ def hardest_benchmark(raw: dict) -> str:
     return max(raw["prepare"]["benchmarks"], key=lambda b: protocols[b].get("n", 1) * protocols[b]["max_new_tokens"])
 
 
-def describe(settings: dict[str, Any], raw: dict) -> str:
+def describe(settings: dict[str, Any], params: dict[str, Any]) -> str:
     """The settings that differ from the params file, or 'as shipped'."""
-    changed = [f"{k.split('.')[1]}={v}" for k, v in settings.items() if current_settings(raw, [k])[k] != v]
+    changed = [f"{k.split('.')[1]}={v}" for k, v in settings.items() if current_settings(params, [k])[k] != v]
     return ", ".join(changed) or "as shipped"
 
 
-def table(rows: list[dict], raw: dict) -> list[str]:
+def table(rows: list[dict], params: dict[str, Any]) -> list[str]:
     lines = [f"{'stage':<9}{'settings (changed from params.yaml)':<58}{'outcome':<9}{'speed':>12}{'peak GiB':>9}"
              f"{'plan GiB':>9}{'wall s':>8}"]
     for r in rows:
         speed = f"{r['speed']:.3g} {SPEED[r['stage']]}" if r["speed"] else "-"
         peak = f"{r['peak_gib']:.2f}" if r["peak_gib"] else "-"
-        lines.append(f"{r['stage']:<9}{describe(r['settings'], raw)[:57]:<58}{r['status']:<9}{speed:>12}{peak:>9}"
+        lines.append(f"{r['stage']:<9}{describe(r['settings'], params)[:57]:<58}{r['status']:<9}{speed:>12}{peak:>9}"
                      f"{r['plan_gib']:>9.2f}{r['wall_s']:>8.1f}" + (f"  {r['detail']}" if r["detail"] else ""))
     return lines
 
@@ -165,9 +165,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         gain = (f"{shipped.speed / outcome.speed:.2f}x" if stage == "train" else f"{outcome.speed / shipped.speed:.2f}x"
                 ) if shipped.status == "ok" and shipped.speed else "the shipped settings did not run cleanly"
-        summary.append(f"{stage}: {describe(best, raw)} -> {outcome.speed:.3g} {SPEED[stage]} ({gain} the shipped)")
-        winners.update({k: v for k, v in best.items() if current_settings(raw, [k])[k] != v})
-    lines = table(tuner.rows, raw) + ["", "winner:"] + ["  " + s for s in summary]
+        summary.append(f"{stage}: {describe(best, tuner.params)} -> {outcome.speed:.3g} {SPEED[stage]} ({gain} the shipped)")
+        winners.update({k: v for k, v in best.items() if current_settings(tuner.params, [k])[k] != v})
+    lines = table(tuner.rows, tuner.params) + ["", "winner:"] + ["  " + s for s in summary]
     print("\n" + "\n".join(lines))
     atomic_write_text(cache.with_suffix(".txt"), "\n".join(lines) + "\n")
     if args.write:

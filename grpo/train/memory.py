@@ -30,6 +30,7 @@ import torch
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 FAULT_ENV = "GRPO_FAULT_OOM"
+STEP_START_HOOKS: list[Callable[[], None]] = []  # called as each training step starts (a profiler's schedule)
 
 
 class InjectedOOM(torch.OutOfMemoryError):
@@ -146,6 +147,9 @@ def phase_peak_memory(metrics: dict[str, float], phase: str, device: torch.devic
     """Record the peak memory of the block: ``peak_memory_gib/<phase>``, the CUDA allocator's peak
     during the block; on CPU, where no peak can be reset, the process's peak resident set so far. The
     block is also labelled ``grpo/<phase>`` for the profiler (grpo/profile.py; free when none runs)."""
+    if phase == "generate":  # a step begins: grpo/profile.py steps its profiler's schedule here
+        for hook in STEP_START_HOOKS:
+            hook()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     with torch.profiler.record_function(f"grpo/{phase}"):  # the phase's label in a `grpo.profile` trace

@@ -66,9 +66,6 @@ def knob_values(stage: str, raw: dict[str, Any], gpu: bool) -> dict[str, list[An
     raise ValueError(f"--stages: unknown stage {stage!r}; choose from {', '.join(STAGES)}")
 
 
-def current_settings(raw: dict[str, Any], keys: list[str]) -> dict[str, Any]:
-    out = {}
-    for key in keys:
-        section, name = key.split(".")
-        out[key] = raw[section][name]
-    return out
+def current_settings(params: dict[str, Any], keys: list[str]) -> dict[str, Any]:
+    """The values ``keys`` have in the validated ``params`` (defaults included)."""
+    return {key: getattr(params[key.split(".")[0]], key.split(".")[1]) for key in keys}

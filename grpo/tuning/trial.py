@@ -126,7 +126,7 @@ def run_trial(project: Path, scratch: Path, raw: dict, stage: str, settings: dic
     result = scratch / "trial_result.json"
     cmd = [sys.executable, "-m", "grpo.tuning.trial", "--result", str(result)]
     cmd += ["--cap-gib", str(cap_gib)] if cap_gib else []
-    cmd += ["--profile", str(profile_dir)] if profile_dir else []
+    cmd += ["--profile", str(profile_dir), "--profile-steps", str(workload.steps)] if profile_dir else []
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.perf_counter()
     try:
@@ -166,6 +166,7 @@ def _child(argv: list[str]) -> int:
     parser.add_argument("--result", type=Path, required=True)
     parser.add_argument("--cap-gib", type=float)
     parser.add_argument("--profile", type=Path, help="profile the stage into this folder (grpo/profile.py)")
+    parser.add_argument("--profile-steps", type=int, default=1, help="training steps to trace after the warm-up")
     parser.add_argument("stage", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     stage = [a for a in args.stage if a != "--"]
@@ -183,7 +184,7 @@ def _child(argv: list[str]) -> int:
         if args.profile:
             from grpo.profile import profiled
 
-            with profiled(args.profile, cuda):
+            with profiled(args.profile, cuda, args.profile_steps):
                 _run_stage(stage[0])
         else:
             _run_stage(stage[0])
