@@ -36,6 +36,7 @@ def params(**overrides):
         "max_steps": 3, "prompts_per_step": 2, "group_size": 3, "max_response_length": 8,
         "save_every": 1, "val_every": 2, "val_max_new_tokens": 4, "train_batch_size": 6,
         "generation_batch_size": 6, "keep_last": 1, "num_iterations": 2, "beta": 0.05, "lr": 1e-2,
+        "compute_dtype": "float32",  # the tests compare runs to 1e-5: fp32 on every CPU kind
     })
     return dataclasses.replace(base, rewards={"digit_share": 1.0}, **overrides)
 
