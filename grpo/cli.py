@@ -11,7 +11,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from grpo import distributed
 from grpo.config import ConfigError, load_params
+from grpo.launch import relaunch_if_asked
 
 
 def seed_everything(seed: int) -> None:
@@ -30,11 +32,15 @@ def run_stage(name: str, sections: list[str], main: Callable[[dict[str, Any], ar
     if add_args:
         add_args(parser)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s",
+    where = f" rank {os.environ['RANK']}" if distributed.launched() else ""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name}{where} %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
     try:
         params = load_params(args.params, sections)
+        relaunch_if_asked(name, params.get(name))  # returns only when this process is to do the work
+        distributed.init_from_env()
         main(params, args)
+        distributed.shutdown()
     except (ConfigError, ValueError, FileNotFoundError, OSError, torch.OutOfMemoryError) as exc:
         if os.environ.get("GRPO_DEBUG"):
             raise

@@ -55,8 +55,9 @@ class TrainPaths:
         return self.live / "samples.jsonl"
 
 
-# Params that change where the run is reported, not the run: checkpoints stay resumable across them.
-NOT_RUN_IDENTITY = ("report_to",)
+# Params that change where the run is reported or how many processes share it, not the run:
+# checkpoints stay resumable across them.
+NOT_RUN_IDENTITY = ("report_to", "num_processes", "nnodes")
 
 
 def fingerprint(params: TrainParams, style: PromptStyle, files: list[Path]) -> str:
