@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from grpo import distributed
 from grpo.cli import seed_everything
 from grpo.config import TrainParams, to_dict
 from grpo.faults import kill_point
@@ -34,6 +35,7 @@ from grpo.prompts import PromptStyle
 from grpo.rollout.native import NativeEngine
 from grpo.sent.curriculum import CurriculumSampler, StageSchedule
 from grpo.train import checkpoint as ckpt
+from grpo.train import data_parallel
 from grpo.train.memory import AdaptiveBatchSize, FaultHook
 from grpo.train.step import StepContext, grpo_step
 from grpo.train.tracking import Tracker
@@ -92,8 +94,11 @@ class Trainer:
         self.rows = {row["id"]: row for row in train_rows}
         self.val_rows = val_rows
         self.fingerprint = run_fingerprint
-        self.tracker = Tracker(paths.live, paths.measured, params.report_to,
-                               {"train": to_dict(params), "prompt": style.__dict__}, paths.measured.parent / "wandb")
+        data_parallel.check_world(params)
+        # [data parallel] rank 0 logs; the other ranks' tracker does nothing
+        self.tracker = distributed.main_only(lambda: Tracker(
+            paths.live, paths.measured, params.report_to, {"train": to_dict(params), "prompt": style.__dict__},
+            paths.measured.parent / "wandb"))
         seed_everything(params.seed)
         self.device = resolve_device(params.device)
         self.tokenizer = load_tokenizer(paths.base_model)
@@ -145,13 +150,18 @@ class Trainer:
                 "history": self.history, "validation": self.validation, "samples": self.samples}
 
     def save(self) -> None:
+        if not distributed.is_main():  # [data parallel] every rank holds the same state; rank 0 writes it
+            return
         ckpt.save_checkpoint(self.paths.checkpoints, self.step, save_adapter_fn=self._save_adapter,
                              optimizer=self.optimizer, scheduler=self.scheduler, state=self._state())
         kill_point("checkpoint.prune")
         ckpt.prune(self.paths.checkpoints, self.params.keep_last, {row["step"] for row in self.validation})
 
     def resume(self) -> None:
-        ckpt.sweep_hidden(self.paths.checkpoints)
+        # [data parallel] rank 0 cleans up, then every rank reads the same newest checkpoint
+        if distributed.is_main():
+            ckpt.sweep_hidden(self.paths.checkpoints)
+        distributed.barrier()
         found = ckpt.load_latest(self.paths.checkpoints)
         if found is None:
             return
@@ -159,7 +169,9 @@ class Trainer:
         if state.get("fingerprint") != self.fingerprint:
             log.warning("checkpoints in %s belong to another run (params, data or base changed): starting "
                         "fresh and deleting them", self.paths.checkpoints)
-            shutil.rmtree(self.paths.checkpoints)
+            distributed.barrier()  # [data parallel] no rank is still reading them
+            if distributed.is_main():
+                shutil.rmtree(self.paths.checkpoints)
             return
         from safetensors.torch import load_file
 
@@ -180,7 +192,8 @@ class Trainer:
         self.resume()
         self.tracker.start(self.history, self.validation)
         p = self.params
-        bar = tqdm(total=p.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=p.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
+                   disable=not distributed.is_main())
         while self.step < p.max_steps:
             stage = self.schedule.stage_for_step(self.step)
             ids = self.sampler.next_ids(p.prompts_per_step, stage)
@@ -229,14 +242,17 @@ class Trainer:
         """Rewrite the samples and the measured log whole from the state that checkpoints hold, so a
         resumed run's equal an uninterrupted run's: entries made after the last checkpoint are redone,
         never doubled (the DVCLive files are replayed from that state by ``Tracker.start``)."""
+        if not distributed.is_main():  # [data parallel] rank 0 writes
+            return
         write_jsonl(self.paths.samples, self.samples)
         self.tracker.save_measured()
 
     def _finish(self) -> dict:
         kill_point("train.finish")
         self._write_logs()
-        with atomic_dir(self.paths.final) as tmp:
-            self._save_adapter(Path(tmp))
+        if distributed.is_main():  # [data parallel] rank 0 writes
+            with atomic_dir(self.paths.final) as tmp:
+                self._save_adapter(Path(tmp))
         kill_point("train.summary")
         last = self.history[-1] if self.history else {}
         first = self.history[0] if self.history else {}
