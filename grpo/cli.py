@@ -14,6 +14,7 @@ import torch
 from grpo import distributed
 from grpo.config import ConfigError, load_params
 from grpo.launch import relaunch_if_asked
+from grpo.slots import take_slot
 
 
 def seed_everything(seed: int) -> None:
@@ -37,7 +38,10 @@ def run_stage(name: str, sections: list[str], main: Callable[[dict[str, Any], ar
                         datefmt="%H:%M:%S")
     try:
         params = load_params(args.params, sections)
-        relaunch_if_asked(name, params.get(name))  # returns only when this process is to do the work
+        section = params.get(name)
+        if hasattr(section, "num_processes") and not distributed.launched():  # a device stage (grpo/slots.py)
+            take_slot(section.num_processes)
+        relaunch_if_asked(name, section)  # returns only when this process is to do the work
         distributed.init_from_env()
         main(params, args)
         distributed.shutdown()
