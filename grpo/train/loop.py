@@ -158,24 +158,19 @@ class Trainer:
         ckpt.prune(self.paths.checkpoints, self.params.keep_last, {row["step"] for row in self.validation})
 
     def resume(self) -> None:
-        # [data parallel] rank 0 cleans up, then every rank reads the same newest checkpoint
-        if distributed.is_main():
-            ckpt.sweep_hidden(self.paths.checkpoints)
-        distributed.barrier()
-        found = ckpt.load_latest(self.paths.checkpoints)
+        # [data parallel] rank 0 reads the newest checkpoint and every rank resumes from it, also ranks
+        # on hosts that do not see rank 0's checkpoints folder
+        found = distributed.broadcast(self._read_latest() if distributed.is_main() else None)
         if found is None:
             return
-        path, state, trainer = found
+        path, state, trainer, adapter = found
         if state.get("fingerprint") != self.fingerprint:
             log.warning("checkpoints in %s belong to another run (params, data or base changed): starting "
                         "fresh and deleting them", self.paths.checkpoints)
-            distributed.barrier()  # [data parallel] no rank is still reading them
             if distributed.is_main():
                 shutil.rmtree(self.paths.checkpoints)
             return
-        from safetensors.torch import load_file
-
-        load_lora_state_dict(self.model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
+        load_lora_state_dict(self.model, adapter)
         self.optimizer.load_state_dict(trainer["optimizer"])
         self.scheduler.load_state_dict(trainer["scheduler"])
         ckpt.set_rng_state(trainer["rng"])
@@ -186,6 +181,16 @@ class Trainer:
         self.history, self.validation, self.step = state["history"], state["validation"], state["step"]
         self.samples = state.get("samples", [])
         log.info("resumed from %s (step %d of %d)", path, self.step, self.params.max_steps)
+
+    def _read_latest(self) -> tuple[Path, dict, dict, dict] | None:
+        """The newest complete checkpoint: (folder, state.json, trainer state, adapter tensors)."""
+        ckpt.sweep_hidden(self.paths.checkpoints)
+        found = ckpt.load_latest(self.paths.checkpoints)
+        if found is None:
+            return None
+        from safetensors.torch import load_file
+
+        return *found, load_file(str(found[0] / "adapter" / "adapter_model.safetensors"))
 
     # --- the loop ----------------------------------------------------------------------------
     def run(self) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -97,9 +98,14 @@ def test_kill_one_rank_mid_run_then_resume_on_one_process(tiny_model_dir, refere
     assert not (tmp_path / "run/final").exists()
     steps = sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir())
     assert steps and steps[-1] < "step-000003", steps
+    again = Path(shutil.copytree(tmp_path, tmp_path.parent / f"{tmp_path.name}-again"))
     alone(tiny_model_dir, tmp_path)  # the same run resumed by one process
     assert "resumed from" in (tmp_path / "log-1.txt").read_text()
     assert_same_run(tmp_path, reference)
+    # or by two again: rank 0 reads the checkpoint and hands it to rank 1
+    torchrun(tiny_model_dir, again)
+    assert "resumed from" in (again / "log-1.txt").read_text()
+    assert_same_run(again, reference)
 
 
 def free_port() -> int:
