@@ -127,3 +127,10 @@ def test_two_launchers_rendezvous_as_two_nodes(tiny_model_dir, reference, tmp_pa
     for node in nodes:
         finish(node, tmp_path)
     assert_same_run(tmp_path, reference)
+
+
+def test_fewer_prompts_than_processes_is_a_clear_error(tiny_model_dir, tmp_path):
+    torchrun(tiny_model_dir, tmp_path, expect_ok=False, DRIVER_PARAMS=json.dumps({**PARAMS, "prompts_per_step": 1}))
+    log = (tmp_path / "log-0.txt").read_text()
+    assert "train.prompts_per_step (1) must be at least the number of processes (2)" in log
+    assert not (tmp_path / "run" / "checkpoints").exists()
