@@ -6,7 +6,9 @@ as an uninterrupted run. That holds because nothing a question's samples depend 
 restart point: batch k is always questions [k*B, (k+1)*B), its sampling seed derives from (seed, k*B),
 and the progress file only ever holds whole batches. The file carries a fingerprint of everything
 that shapes the scores (the caller's model/engine identity, the questions, prompt style, sampling,
-batch size), so progress left by other params or data is discarded, never mixed in.
+batch size), so progress left by other params or data is discarded, never mixed in. Under torchrun the
+processes take the batches in turns and gather each round's scores, so the scores and the progress file
+are the single-process ones, and a run may resume on another number of processes.
 """
 from __future__ import annotations
 
