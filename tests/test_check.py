@@ -347,7 +347,6 @@ def test_stage_plans_bound_the_peaks_measured_under_the_8gib_cap():
                                 for benchmark in ("aime24", "math500", "gsm8k")} <= set(checked)
 
 
-
 def test_check_plans_each_process_and_the_gradient_all_reduce(capsys, tmp_path):
     """With train.num_processes 4 on 2 hosts every row is still one process's plan: the rollouts and
     micro-batches per rank are one process's, and training adds the all-reduce's fp32 buffer and copy."""
