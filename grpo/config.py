@@ -72,8 +72,9 @@ def non_empty(v: Any) -> str | None:
     return None if len(v) > 0 else "a non-empty list"
 
 
-DATASETS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23", "dapo_math_17k", "deepscaler", "open_rs")
-BENCHMARKS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23")
+DATASETS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23", "arith", "dapo_math_17k", "deepscaler",
+            "open_rs")
+BENCHMARKS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23", "arith")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 REWARDS = (
     "correctness", "correctness_strict", "r1_format", "tagged_format_strict", "tagged_format_soft",
