@@ -90,6 +90,9 @@ def subset_of(allowed: tuple[str, ...]) -> Check:
     return check
 
 
+# SENT curriculum orders (grpo/sent/curriculum.py ORDER_KEYS): learning signal first, or the seed engine's
+SENT_ORDERS = ("signal", "entropy")
+
 # trackers that mirror the training log (DVCLive always writes it): grpo/train/tracking.py
 REPORT_TO = ("wandb",)
 
@@ -137,6 +140,7 @@ class SentParams:
     max_new_tokens: int = _check(positive, default=256)
     batch_size: int = _check(positive, default=32)
     no_answer_cluster: bool = True  # False: each unanswered sample is its own cluster
+    order: str = _check(one_of(*SENT_ORDERS), default="signal")  # grpo/sent/curriculum.py
     num_stages: int = _check(positive, default=3)
     drop_all_correct: bool = False
     drop_all_wrong: bool = False

@@ -50,7 +50,7 @@ def main(params, args) -> None:
     finally:
         engine.close()
     curriculum = build_curriculum(run.scores, s.num_stages, drop_all_correct=s.drop_all_correct,
-                                  drop_all_wrong=s.drop_all_wrong, seed=s.seed)
+                                  drop_all_wrong=s.drop_all_wrong, seed=s.seed, order=s.order)
     write_outputs(OUT, METRICS, run, curriculum, engine=kind, M=s.M)
     write_log(MEASURED, measured_figures(run))
 
