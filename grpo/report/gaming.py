@@ -10,7 +10,8 @@ evaluation answered with a 17-token template (answer rate 0.54 → 0.00).
 The check fires on all three of: a format reward rising (first to last five steps), a collapse (the
 training responses' length or answer reward, or the trained model's answer rate or length on any
 benchmark, falling to at most ``COLLAPSE`` of where it started) and correctness flat at zero. The
-fraction of zero-variance groups is reported with it as evidence, not required.
+fraction of zero-variance groups is reported with it when most groups had none, not required: with
+format rewards in the recipe, groups often differ in format alone.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ CORRECTNESS = ("correctness", "correctness_strict")
 RISE = 0.1  # a format reward's last-five mean at least this much above its first-five mean
 COLLAPSE = 0.5  # a collapsed quantity ends at most this fraction of where it started
 FLAT_ZERO = 0.01  # correctness never above this in any step's mean
+MOST = 0.5  # the zero-variance fraction is evidence from here on
 WINDOW = 5
 
 
@@ -84,7 +86,7 @@ def gaming_evidence(steps: pd.DataFrame | None, eval_data: dict | None) -> list[
     if not (rising and collapses and flat_zero):
         return []
     evidence = rising + collapses + ["correctness was zero at every step"]
-    if "frac_reward_zero_std" in steps:
-        evidence.append(f"{steps['frac_reward_zero_std'].mean():.0%} of groups had no reward variance "
-                        "(no gradient)")
+    zero_std = float(steps["frac_reward_zero_std"].mean()) if "frac_reward_zero_std" in steps else 0.0
+    if zero_std >= MOST:
+        evidence.append(f"{zero_std:.0%} of groups had no reward variance (no gradient)")
     return evidence

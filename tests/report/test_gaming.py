@@ -49,9 +49,11 @@ def test_fires_on_the_issue_run():
 
 
 def test_fires_on_the_evaluation_collapse_alone():
-    flat_training = run([0.0] * STEPS, [60.0] * STEPS, [0.5] * STEPS)
+    flat_training = run([0.0] * STEPS, [60.0] * STEPS, [0.5] * STEPS).assign(frac_reward_zero_std=0.0)
     assert gaming_evidence(flat_training, None) == []
-    assert "final on gsm8k: answer rate 0.54 → 0.00 (base → final)" in gaming_evidence(flat_training, GAMED_EVAL)
+    evidence = gaming_evidence(flat_training, GAMED_EVAL)
+    assert "final on gsm8k: answer rate 0.54 → 0.00 (base → final)" in evidence
+    assert evidence[-1] == "correctness was zero at every step"  # few zero-variance groups: not evidence
 
 
 def test_silent_on_a_learning_run():
