@@ -172,6 +172,12 @@ def _training(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]
             for t in transitions])]
     else:
         blocks.append(Para("No curriculum stage transitions."))
+    by_stage = tr.get("frac_reward_zero_std_by_stage") or {}
+    if by_stage:
+        blocks += [Para(f"Groups whose rewards were all equal (no gradient), `frac_reward_zero_std`, per stage "
+                        f"(`sent.order: {inp.params['sent'].order}`):"),
+                   Table(["stage", "mean frac_reward_zero_std"],
+                         [[str(int(k) + 1), fmt(v)] for k, v in by_stage.items()])]
 
     blocks.append(Heading(3, "Out-of-memory events"))
     phases = {}

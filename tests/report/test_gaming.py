@@ -69,11 +69,17 @@ def test_silent_without_a_training_log():
 def test_the_report_carries_the_warning():
     params = {name: parse_section(name, None) for name in SECTIONS}
 
-    def summary(steps: pd.DataFrame, eval_data: dict) -> str:
+    def report(steps: pd.DataFrame, eval_data: dict) -> str:
+        train = {"frac_reward_zero_std_by_stage": {"0": 0.25, "1": 0.875}}
         inp = ReportInputs(params=params, changes=[], model_info=None, prepare=None, datasets={}, sent=None,
-                           sent_scores=None, steps=steps, validation=None, train=None, selection=None,
+                           sent_scores=None, steps=steps, validation=None, train=train, selection=None,
                            eval=eval_data)
-        return to_markdown(report_blocks(inp, {})).split("## Evaluation")[0]
+        return to_markdown(report_blocks(inp, {}))
+
+    def summary(steps: pd.DataFrame, eval_data: dict) -> str:
+        return report(steps, eval_data).split("## Evaluation")[0]
+
+    assert "| 1 | 0.250 |\n| 2 | 0.875 |" in report(LEARNING, LEARNING_EVAL)  # per curriculum stage, 1-based
 
     gamed = summary(GAMED, GAMED_EVAL)
     assert "**Warning: this run games its rewards.**" in gamed and "- `integer_answer` fell" in gamed
