@@ -113,7 +113,7 @@ def measure(scratch: Path, stage: str, benchmark: str | None) -> tuple[float | N
         return sum(times) / len(times), {"step_s": times,
                                          "generate_s": [round(s["time_generate_s"], 3) for s in steps],
                                          "train_s": [round(s["time_train_s"], 3) for s in steps]}
-    log = read_log(scratch / (SENT if stage == "sent" else eval_log(Path("."), "base", benchmark or ""))) or {}
+    log = read_log(scratch / SENT if stage == "sent" else eval_log(scratch, "base", benchmark or "")) or {}
     return log.get("tokens_per_s"), {k: v for k, v in log.items() if k.endswith("_s")}
 
 
