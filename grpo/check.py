@@ -46,15 +46,21 @@ def device_memory(device: str) -> tuple[str, int, bool]:
 
 
 COLUMNS = (  # (header, the plan rows it shows)
-    ("weights", ("base_weights",)), ("lora", ("lora_and_optimizer", "adapter")), ("dense", ("dense_copy",)),
+    ("weights", ("base_weights",)), ("lora", ("lora_and_optimizer", "adapter", "grad_allreduce")), ("dense", ("dense_copy",)),
     ("decoder", ("decoder_copy",)), ("kv", ("kv_cache",)), ("step", ("decode_step",)), ("prefill", ("prefill",)),
     ("activ", ("activations",)), ("logits", ("logprob_logits",)), ("runtime", ("runtime",)),
 )
-LEGEND = ("weights: the base; lora: LoRA + gradients + AdamW (train) or the loaded adapter; dense: generate's "
-          "cached dense copy of a 4-bit base; decoder: the static decoder's weight copies; kv: KV cache of "
+LEGEND = ("weights: the base; lora: LoRA + gradients + AdamW (train; with several processes also the gradient "
+          "all-reduce buffer) or the loaded adapter; dense: generate's cached dense copy of a 4-bit base; decoder: the static decoder's weight copies; kv: KV cache of "
           "every sequence; step: one decode step's logits, sampling and attention; prefill: the prompt pass; "
           "activ: a training micro-batch's activations; logits: the log-prob chunk; runtime: CUDA allowance; "
           "seqs a/b: the engine decodes a of the b sequences the knob asks for at once, all that fit the budget")
+
+
+def processes(section: object) -> str:
+    """``num_processes`` x ``nnodes`` of a stage's section, as torchrun runs it (grpo/launch.py)."""
+    per_host, hosts = section.num_processes, section.nnodes
+    return f"{per_host * hosts} ({per_host} per host x {hosts} hosts)" if hosts > 1 else str(per_host)
 
 
 def plan_table(phases: list[Phase], budget: int) -> list[str]:
@@ -113,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     print("versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()))
     print(f"model: {model.source} ({arch.num_hidden_layers} layers, hidden {arch.hidden_size}, vocab {arch.vocab_size}); "
           f"train: {train.quantization}, LoRA r{train.lora.r} on {', '.join(train.lora.targets)}")
+    print("processes: " + ", ".join(f"{stage} {processes(params[stage])}" for stage in ("sent", "train", "evaluate"))
+          + "; every row is one process's plan, on its own device")
     print(f"memory plan, GiB, of every stage's phases ({args.prompt_tokens}-token prompts; budget "
           f"{budget / GIB:.2f} GiB from {source}):")
     for line in plan_table(phases, budget):

@@ -11,7 +11,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from grpo import distributed
 from grpo.config import ConfigError, load_params
+from grpo.launch import relaunch_if_asked
+from grpo.slots import take_slot
 
 
 def seed_everything(seed: int) -> None:
@@ -30,11 +33,18 @@ def run_stage(name: str, sections: list[str], main: Callable[[dict[str, Any], ar
     if add_args:
         add_args(parser)
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name} %(levelname)s %(message)s",
+    where = f" rank {os.environ['RANK']}" if distributed.launched() else ""
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {name}{where} %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
     try:
         params = load_params(args.params, sections)
+        section = params.get(name)
+        if hasattr(section, "num_processes") and not distributed.launched():  # a device stage (grpo/slots.py)
+            take_slot(section.num_processes)
+        relaunch_if_asked(name, section)  # returns only when this process is to do the work
+        distributed.init_from_env()
         main(params, args)
+        distributed.shutdown()
     except (ConfigError, ValueError, FileNotFoundError, OSError, torch.OutOfMemoryError) as exc:
         if os.environ.get("GRPO_DEBUG"):
             raise

@@ -141,6 +141,9 @@ class SentParams:
     drop_all_wrong: bool = False
     save_every: int = _check(positive, default=16)
     seed: int = 0
+    # processes per host and hosts (torchrun, grpo/launch.py): questions are sharded, outputs unchanged
+    num_processes: int = _check(positive, default=1)
+    nnodes: int = _check(positive, default=1)
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,10 @@ class TrainParams:
     report_to: list[str] = _check(subset_of(REPORT_TO), default_factory=list)
     curriculum: CurriculumParams = field(default_factory=CurriculumParams)
     seed: int = 0
+    # data parallel (torchrun, grpo/launch.py): processes per host and hosts; not part of the run's
+    # identity, since the update and the outputs do not depend on them (a run may resume on fewer)
+    num_processes: int = _check(positive, default=1)
+    nnodes: int = _check(positive, default=1)
 
 
 @dataclass(frozen=True)
@@ -236,6 +243,9 @@ class EvaluateParams:
     dtype: str = _check(one_of(*DTYPES), default="auto")
     batch_size: int = _check(positive, default=32)
     seed: int = 0
+    # processes per host and hosts (torchrun, grpo/launch.py): questions are sharded, outputs unchanged
+    num_processes: int = _check(positive, default=1)
+    nnodes: int = _check(positive, default=1)
     # one protocol per benchmark, so editing one reruns only that benchmark's stages
     benchmarks: dict[str, ProtocolParams] = field(default_factory=dict)
 

@@ -6,7 +6,8 @@ SIGKILL is what a power cut or the kernel's OOM killer does: no ``finally``, no 
 
 Grammar, comma separated: ``point`` kills the first time the process reaches ``point``; ``point@N``
 kills the N-th time (1-based, counted per process). Unset, as in every normal run, a point costs one
-environment lookup. The out-of-memory hook is ``GRPO_FAULT_OOM`` (grpo/train/memory.py).
+environment lookup. Under torchrun, ``GRPO_FAULT_KILL_RANK=r`` limits the kills to rank r (one process
+of a data-parallel run dies, as one host or GPU would). The out-of-memory hook is ``GRPO_FAULT_OOM`` (grpo/train/memory.py).
 
 Points:
 - ``train.step``: a step's optimiser update is done, its checkpoint not yet written (the step is lost).
@@ -27,6 +28,7 @@ import signal
 import sys
 
 KILL_ENV = "GRPO_FAULT_KILL"
+RANK_ENV = "GRPO_FAULT_KILL_RANK"
 _hits: dict[str, int] = {}
 
 
@@ -44,6 +46,8 @@ def kill_point(name: str) -> None:
     """SIGKILL this process if ``GRPO_FAULT_KILL`` names ``name`` for this hit."""
     spec = os.environ.get(KILL_ENV)
     if not spec:
+        return
+    if os.environ.get(RANK_ENV, os.environ.get("RANK", "0")) != os.environ.get("RANK", "0"):
         return
     hit = _hits[name] = _hits.get(name, 0) + 1
     if (name, hit) in _rules(spec):

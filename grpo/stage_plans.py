@@ -12,6 +12,13 @@ Each stage's engine, as the stage builds it:
   (grpo/eval/run.py);
 - infer: ``grpo.infer``'s defaults: one sequence, base + adapter, unquantised, greedy.
 
+Every phase is one process's: under torchrun (``<stage>.num_processes``, ``nnodes``) each process
+needs its own device with that much memory. A process of SENT or evaluate runs whole engine batches of
+the same size as one process does (grpo/distributed.py shards by batches), and a training rank
+generates at most ``train.generation_batch_size`` rows and trains micro-batches of
+``train.train_batch_size`` as one process does, plus the flat fp32 buffer of the gradient all-reduce
+and its copy (``grad_allreduce``).
+
 The native engine is planned. ``engine: vllm`` is planned as vLLM's own minimum (weights and one
 full-length sequence: vLLM schedules its batch within ``gpu_memory_utilization``); ``auto`` is planned
 as the native engine, the fallback where vLLM does not import (the case that must fit by itself).
@@ -105,8 +112,13 @@ def plan_stages(params: dict[str, Any], arch: Arch, *, cuda: bool, prompt_tokens
     if params["sent"].enabled:
         phases.append(plan_sent(arch, params["sent"], prep, cuda=cuda, prompt_tokens=by.get("sent", prompt_tokens),
                                 budget=budget))
-    phases.extend(plan_memory(arch, train, compute_dtype=planned_dtype(train.compute_dtype, cuda),
-                              prompt_tokens=by.get("train", prompt_tokens), cuda=cuda, budget=budget))
+    train_phases = plan_memory(arch, train, compute_dtype=planned_dtype(train.compute_dtype, cuda),
+                               prompt_tokens=by.get("train", prompt_tokens), cuda=cuda, budget=budget)
+    if train.num_processes * train.nnodes > 1:  # grpo.distributed.all_reduce_gradients' buffer and copy
+        grad_buffer = ("grad_allreduce", 2 * 4 * lora_params(arch, train.lora.r, tuple(train.lora.targets)))
+        train_phases = [dataclasses.replace(p, rows=p.rows + (grad_buffer,)) if p.name == "training" else p
+                        for p in train_phases]
+    phases.extend(train_phases)
     for benchmark in prep.benchmarks:
         for model in EVAL_MODELS:
             phases.append(plan_evaluate(arch, ev, benchmark, model, adapter=train.lora, prep=prep, cuda=cuda,

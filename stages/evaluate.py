@@ -4,6 +4,8 @@ with ``matrix`` and rerun only the pairs whose inputs changed.
 Reads models/base/, the adapter folder models/final/ or models/best/ (none for base) and
 data/prepared/eval/<benchmark>.jsonl; writes eval/<model>/<benchmark>.jsonl (per-sample outputs) and
 metrics/eval/<model>/<benchmark>.json. The protocol is params evaluate.benchmarks.<benchmark>.
+With evaluate.num_processes (and nnodes) above 1 the stage runs under torchrun: the questions are
+sharded (grpo/eval/run.py) and rank 0 writes the same files one process writes.
 Run from the project root: python -m stages.evaluate --model best --benchmark gsm8k [--params params.yaml]
 """
 from grpo.cli import run_stage, seed_everything

@@ -4,10 +4,13 @@ Reads models/base/ and data/prepared/train.jsonl. Writes data/sent/ (scores.json
 entropy_hist.png) and metrics/sent.json (its timings: logs/sent.json, untracked); with sent.enabled false, an empty scores.jsonl, no
 curriculum.json (the train stage then trains without a curriculum) and {"enabled": false}.
 data/sent_progress/progress.json (a persist out) lets a rerun after a kill continue where it stopped.
+With sent.num_processes (and nnodes) above 1 the stage runs under torchrun (grpo/launch.py): each
+process scores its share of the question batches, and rank 0 writes the same files one process writes.
 Run from the project root: python -m stages.sent [--params params.yaml]
 """
 from pathlib import Path
 
+from grpo import distributed
 from grpo.cli import run_stage
 from grpo.io import read_jsonl
 from grpo.measured import SENT as MEASURED
@@ -30,7 +33,8 @@ def main(params, args) -> None:
     s, pr = params["sent"], params["prompt"]
     PROGRESS.parent.mkdir(parents=True, exist_ok=True)  # a declared out, even before the first save
     if not s.enabled:
-        write_disabled(OUT, METRICS)
+        if distributed.is_main():
+            write_disabled(OUT, METRICS)
         return
     rows = read_jsonl(TRAIN)
     if not rows:
@@ -49,6 +53,8 @@ def main(params, args) -> None:
                               fingerprint=scorer_fingerprint(BASE, f"{kind}/{dtype}"), no_answer_cluster=s.no_answer_cluster)
     finally:
         engine.close()
+    if not distributed.is_main():
+        return  # every rank holds the gathered scores; rank 0 writes them
     curriculum = build_curriculum(run.scores, s.num_stages, drop_all_correct=s.drop_all_correct,
                                   drop_all_wrong=s.drop_all_wrong, seed=s.seed)
     write_outputs(OUT, METRICS, run, curriculum, engine=kind, M=s.M)

@@ -3,7 +3,8 @@
 Reads models/base/, data/prepared/{train,val}.jsonl and, when SENT ran and train.curriculum.use_sent
 is on, data/sent/curriculum.json. Writes models/checkpoints/ (persist), models/final/ and the DVCLive
 log metrics/train/ (grpo/trainlog.py); timings go to logs/train.json (untracked). Rerunning after a
-crash resumes from the newest complete checkpoint.
+crash resumes from the newest complete checkpoint. With train.num_processes (and nnodes) above 1 the
+stage runs under torchrun as data-parallel ranks (grpo/train/data_parallel.py); rank 0 writes.
 Run from the project root: python -m stages.train [--params params.yaml]
 """
 from pathlib import Path

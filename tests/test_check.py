@@ -8,6 +8,7 @@ import os
 import re
 
 import pytest
+import yaml
 
 from grpo.config import EvaluateParams, LoraParams, PrepareParams, ProtocolParams, TrainParams, load_params
 from grpo.memory_plan import (CUDA_RUNTIME_BYTES, GENERATION_MARGIN, GIB, Arch, Phase, lora_params, max_slots, plan_generation, plan_memory,
@@ -344,3 +345,24 @@ def test_stage_plans_bound_the_peaks_measured_under_the_8gib_cap():
         checked.append(stage["stage"])
     assert {"sent", "train"} | {f"evaluate {model}/{benchmark}" for model in ("base", "final")
                                 for benchmark in ("aime24", "math500", "gsm8k")} <= set(checked)
+
+
+def test_check_plans_each_process_and_the_gradient_all_reduce(capsys, tmp_path):
+    """With train.num_processes 4 on 2 hosts every row is still one process's plan: the rollouts and
+    micro-batches per rank are one process's, and training adds the all-reduce's fp32 buffer and copy."""
+    params = load_preset()
+    arch = resolve_arch(params["model"].source)
+    alone = plan_stages(params, arch, cuda=True, prompt_tokens=256)
+    spread = plan_stages(with_param(with_param(params, "train.num_processes", 4), "train.nnodes", 2), arch,
+                         cuda=True, prompt_tokens=256)
+    lora = params["train"].lora
+    for one, many in zip(alone, spread):
+        extra = 8 * lora_params(arch, lora.r, tuple(lora.targets)) if (many.stage, many.name) == ("train", "training") else 0
+        assert many.peak == one.peak + extra, (many.stage, many.name)
+    preset = yaml.safe_load((ROOT / "presets/rtx3060ti-8gb.yaml").read_text())
+    preset["train"].update(num_processes=4, nnodes=2)
+    preset["sent"]["num_processes"] = 2
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(preset))
+    code, out, err = check(capsys, "--params", str(tmp_path / "params.yaml"), "--budget-gib", "8")
+    assert code == 0, err
+    assert "processes: sent 2, train 8 (4 per host x 2 hosts), evaluate 1;" in out

@@ -14,6 +14,9 @@ from tests.pipeline.project import copy_project, run
 NOT_RUN: dict[str, str] = {
     "python -m grpo.tune --budget-gib 8": "tunes SENT too, whose vLLM trials take minutes on a CPU; tests/test_tune.py "
                                           "runs the README's train,evaluate form of the same command",
+    "GRPO_RDZV_ENDPOINT=node0:29500 dvc repro train": "needs two hosts; tests/distributed/"
+    "test_data_parallel_train.py rendezvous two launchers on localhost with the command grpo/launch.py builds",
+    "GRPO_RDZV_ENDPOINT=node0:29500 python -m stages.train": "needs two hosts (as above)",
 }
 
 

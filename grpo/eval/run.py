@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from grpo import distributed
 from grpo.config import EvaluateParams, ProtocolParams
 from grpo.eval.metrics import SampleResult, summarize
 from grpo.eval.summary import MODELS
@@ -71,39 +73,50 @@ def sampling_params(protocol: ProtocolParams, seed: int) -> SamplingParams:
 
 
 def evaluate_rows(engine: GenerationEngine, tokenizer, rows: list[dict], protocol: ProtocolParams,
-                  style: PromptStyle, *, adapter_dir: Path | None,
-                  seed: int) -> tuple[list[dict], dict[str, float], dict[str, float]]:
+                  style: PromptStyle, *, adapter_dir: Path | None, seed: int,
+                  shard_unit: int = 1) -> tuple[list[dict], dict[str, float], dict[str, float]]:
     """Generate ``protocol.n`` samples per row and score them: (per-sample records, metrics, measured
-    figures: the generation's wall time and generated tokens per second)."""
+    figures: this process's generation wall time and generated tokens per second).
+
+    Under torchrun each process generates and scores a contiguous share of the prompts (in the
+    length order below), cut at multiples of ``shard_unit`` prompts (one engine batch), and every
+    process gets the whole records and metrics back: the same as one process computes."""
     prompts = [build_prompt(tokenizer, row["question"], style) for row in rows]
     # Shortest first, so the native engine's consecutive batches hold prompts of similar length: a
     # batch is left-padded to its longest prompt, and on CPU the padded prefill can cost as much as
     # the decoding (one 449-token MATH-500 prompt doubled that benchmark's time). vLLM does not pad.
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    lo, hi = distributed.shard_bounds(len(order), shard_unit)
+    mine = order[lo:hi]
     start = time.perf_counter()
-    generated = engine.generate([prompts[i] for i in order], sampling_params(protocol, seed),
-                                adapter_dir=None if adapter_dir is None else str(adapter_dir), progress=True)
+    generated = engine.generate([prompts[i] for i in mine], replace(sampling_params(protocol, seed), first_prompt=lo),
+                                adapter_dir=None if adapter_dir is None else str(adapter_dir),
+                                progress=True) if mine else []
     elapsed = time.perf_counter() - start
-    groups: list = [None] * len(prompts)
-    for i, group in zip(order, generated):
-        groups[i] = group
-    records, results = [], []
-    for row, group in zip(rows, groups):
-        question_results = []
-        for index, completion in enumerate(group):
-            answer = extract_answer(full_response(style, completion.text), mode="lenient",
-                                    finish_reason=completion.finish_reason)
-            verdict = judge(answer, row["answer"], row["answer_type"])
-            correct = verdict is Verdict.EQUIVALENT
-            question_results.append(SampleResult(correct, answer, len(completion.token_ids), completion.finish_reason,
-                                                 timed_out=verdict is Verdict.TIMEOUT))
-            records.append({"id": row["id"], "sample": index, "completion": completion.text, "answer": answer,
-                            "gold": row["answer"], "correct": correct, "length": len(completion.token_ids),
-                            "finish_reason": completion.finish_reason})
-        results.append(question_results)
-    tokens = sum(r["length"] for r in records)
+    scored = {i: _score_question(rows[i], group, style) for i, group in zip(mine, generated)}
+    tokens = sum(r["length"] for records, _ in scored.values() for r in records)
+    for part in distributed.gather(scored):
+        scored.update(part)
+    records = [record for i in range(len(rows)) for record in scored[i][0]]
+    results = [scored[i][1] for i in range(len(rows))]
     measured = {"generate_s": elapsed, "tokens_per_s": tokens / elapsed if elapsed > 0 else 0.0}
     return records, summarize(results, equivalent=answers_equivalent), measured
+
+
+def _score_question(row: dict, group: list, style: PromptStyle) -> tuple[list[dict], list[SampleResult]]:
+    """One question's samples: their records for the samples file and their results for the metrics."""
+    records, results = [], []
+    for index, completion in enumerate(group):
+        answer = extract_answer(full_response(style, completion.text), mode="lenient",
+                                finish_reason=completion.finish_reason)
+        verdict = judge(answer, row["answer"], row["answer_type"])
+        correct = verdict is Verdict.EQUIVALENT
+        results.append(SampleResult(correct, answer, len(completion.token_ids), completion.finish_reason,
+                                    timed_out=verdict is Verdict.TIMEOUT))
+        records.append({"id": row["id"], "sample": index, "completion": completion.text, "answer": answer,
+                        "gold": row["answer"], "correct": correct, "length": len(completion.token_ids),
+                        "finish_reason": completion.finish_reason})
+    return records, results
 
 
 def _max_lora_rank(adapter_dir: Path | None) -> int:
@@ -148,10 +161,14 @@ def run_evaluation(model: str, benchmark: str, params: EvaluateParams, style: Pr
     try:
         log.info("evaluating %s on %s: %d questions x %d samples, temperature %s, up to %d new tokens",
                  model, benchmark, len(rows), protocol.n, protocol.temperature, protocol.max_new_tokens)
+        # shards end on the engine's batch boundaries, so every batch is one a single process runs too
+        unit = math.lcm(params.batch_size, protocol.n) // protocol.n
         records, metrics, measured = evaluate_rows(engine, tokenizer, rows, protocol, style,
-                                                   adapter_dir=adapter_dir, seed=params.seed)
+                                                   adapter_dir=adapter_dir, seed=params.seed, shard_unit=unit)
     finally:
         engine.close()
+    if not distributed.is_main():
+        return metrics  # rank 0 writes the files
     write_jsonl(paths.samples(model, benchmark), records)
     kill_point("evaluate.samples")
     atomic_write_json(paths.metrics(model, benchmark), metrics)

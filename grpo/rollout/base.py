@@ -24,7 +24,10 @@ EngineKind = Literal["auto", "vllm", "native"]
 class SamplingParams:
     """How to sample. ``temperature == 0`` is greedy; ``top_k == 0`` switches top-k off. ``seed`` keys
     the random stream per (prompt index in the call, sample index): both engines draw a sample
-    independently of how the call is batched (native: grpo/rollout/sampling.py; vLLM: per-request seeds)."""
+    independently of how the call is batched (native: grpo/rollout/sampling.py; vLLM: per-request seeds).
+    ``first_prompt`` is the index of the call's first prompt in a request that processes split among
+    themselves (grpo/distributed.py): prompt i of the call draws as prompt ``first_prompt + i``, so each
+    shard draws what the whole request draws in one process."""
 
     n: int = 1
     temperature: float = 1.0
@@ -32,6 +35,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 256
     seed: int = 0
+    first_prompt: int = 0
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -44,6 +48,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k must be >= 0 (0 = off), got {self.top_k}")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.first_prompt < 0:
+            raise ValueError(f"SamplingParams.first_prompt must be >= 0, got {self.first_prompt}")
 
     @property
     def greedy(self) -> bool:

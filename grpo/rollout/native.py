@@ -119,7 +119,7 @@ class NativeEngine:
         n = params.n
         rows = [ids for ids in prompt_ids for _ in range(n)]
         index = torch.arange(len(rows))
-        keys = row_keys(params.seed, index // n, index % n)
+        keys = row_keys(params.seed, index // n + params.first_prompt, index % n)
         was_training = self.model.training
         self.model.eval()  # no dropout (LoRA's included) while sampling
         decoder = self._static_decoder()

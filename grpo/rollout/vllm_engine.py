@@ -77,7 +77,8 @@ class VLLMEngine:
 
         prompt_ids = encode_prompts(self.tokenizer, prompts)
         # One SamplingParams per prompt: vLLM gives a request's n samples seeds seed..seed+n-1, so
-        # prompt i starts at seed + i·n and no two samples of one call share a seed.
+        # prompt i starts at seed + i·n and no two samples of one call share a seed (i counted from
+        # first_prompt: a shard of a request draws as the whole request would).
         sampling = [
             VLLMSamplingParams(
                 n=params.n,
@@ -85,7 +86,7 @@ class VLLMEngine:
                 top_p=params.top_p,
                 top_k=params.top_k,
                 max_tokens=params.max_new_tokens,
-                seed=params.seed + i * params.n,
+                seed=params.seed + (params.first_prompt + i) * params.n,
                 stop_token_ids=self.stop_ids,
                 detokenize=False,  # text is decoded below with the HF tokenizer, as NativeEngine does
             )

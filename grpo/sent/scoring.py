@@ -6,7 +6,9 @@ as an uninterrupted run. That holds because nothing a question's samples depend 
 restart point: batch k is always questions [k*B, (k+1)*B), its sampling seed derives from (seed, k*B),
 and the progress file only ever holds whole batches. The file carries a fingerprint of everything
 that shapes the scores (the caller's model/engine identity, the questions, prompt style, sampling,
-batch size), so progress left by other params or data is discarded, never mixed in.
+batch size), so progress left by other params or data is discarded, never mixed in. Under torchrun the
+processes take the batches in turns and gather each round's scores, so the scores and the progress file
+are the single-process ones, and a run may resume on another number of processes.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from grpo import distributed
 from grpo.faults import kill_point
 from grpo.io import atomic_write_json, round_floats
 from grpo.prompts import PromptStyle, build_prompt, full_response
@@ -122,25 +125,39 @@ def score_questions(engine: GenerationEngine, tokenizer, rows: Sequence[dict], s
     clock = {"time_s": 0.0, "generate_s": 0.0, "generated_tokens": 0}  # this process's figures
     if resumed:
         log.info("resuming from %s: %d of %d questions already scored", progress_path, resumed, len(rows))
-    for start in range(resumed, len(rows), batch_size):
-        batch = rows[start : start + batch_size]
-        t0 = time.perf_counter()
-        prompts = [build_prompt(tokenizer, row["question"], style) for row in batch]
-        outputs = engine.generate(prompts, dataclasses.replace(sampling, seed=batch_seed(sampling.seed, start)))
-        t1 = time.perf_counter()
-        for row, completions in zip(batch, outputs, strict=True):
-            samples = [Sample(full_response(style, c.text), c.finish_reason, len(c.token_ids)) for c in completions]
-            state["scores"].append(score_question(row, samples, no_answer_cluster=no_answer_cluster))
-            state["generated_tokens"] += sum(s.num_tokens for s in samples)
-            clock["generated_tokens"] += sum(s.num_tokens for s in samples)
-        clock["generate_s"] += t1 - t0
-        clock["time_s"] += time.perf_counter() - t0
-        done = start + len(batch)
+    starts = list(range(resumed, len(rows), batch_size))
+    world = distributed.world_size()
+    # Processes take consecutive batches in rounds (batch seeds follow the batch's position, never
+    # the process), then every process appends the round's scores in batch order: the same scores, the
+    # same progress file, as one process makes; only rank 0 writes it.
+    for first in range(0, len(starts), world):
+        round_starts = starts[first:first + world]
+        mine = round_starts[distributed.rank()] if distributed.rank() < len(round_starts) else None
+        scored: list[dict] = []
+        tokens = 0
+        if mine is not None:
+            batch = rows[mine : mine + batch_size]
+            t0 = time.perf_counter()
+            prompts = [build_prompt(tokenizer, row["question"], style) for row in batch]
+            outputs = engine.generate(prompts, dataclasses.replace(sampling, seed=batch_seed(sampling.seed, mine)))
+            t1 = time.perf_counter()
+            for row, completions in zip(batch, outputs, strict=True):
+                samples = [Sample(full_response(style, c.text), c.finish_reason, len(c.token_ids)) for c in completions]
+                scored.append(score_question(row, samples, no_answer_cluster=no_answer_cluster))
+                tokens += sum(s.num_tokens for s in samples)
+            clock["generated_tokens"] += tokens
+            clock["generate_s"] += t1 - t0
+            clock["time_s"] += time.perf_counter() - t0
+        for part_scores, part_tokens in distributed.gather((scored, tokens)):
+            state["scores"].extend(part_scores)
+            state["generated_tokens"] += part_tokens
+        done = min(len(rows), round_starts[-1] + batch_size)
         if done - saved >= save_every or done == len(rows):
             # The file stores floats rounded; rounding the state too keeps a resumed run's scores
             # identical to an uninterrupted run's (the last batch always saves).
             state = round_floats(state)
-            atomic_write_json(progress_path, {"version": PROGRESS_VERSION, "fingerprint": key, **state})
+            if distributed.is_main():
+                atomic_write_json(progress_path, {"version": PROGRESS_VERSION, "fingerprint": key, **state})
             saved = done
         kill_point("sent.batch")
         log.info("scored %d/%d questions (%.0f generated tokens/s)", done, len(rows),

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from grpo import distributed
 from grpo.cli import seed_everything
 from grpo.config import TrainParams, to_dict
 from grpo.faults import kill_point
@@ -34,6 +35,7 @@ from grpo.prompts import PromptStyle
 from grpo.rollout.native import NativeEngine
 from grpo.sent.curriculum import CurriculumSampler, StageSchedule
 from grpo.train import checkpoint as ckpt
+from grpo.train import data_parallel
 from grpo.train.memory import AdaptiveBatchSize, FaultHook
 from grpo.train.step import StepContext, grpo_step
 from grpo.train.tracking import Tracker
@@ -55,8 +57,9 @@ class TrainPaths:
         return self.live / "samples.jsonl"
 
 
-# Params that change where the run is reported, not the run: checkpoints stay resumable across them.
-NOT_RUN_IDENTITY = ("report_to",)
+# Params that change where the run is reported or how many processes share it, not the run:
+# checkpoints stay resumable across them.
+NOT_RUN_IDENTITY = ("report_to", "num_processes", "nnodes")
 
 
 def fingerprint(params: TrainParams, style: PromptStyle, files: list[Path]) -> str:
@@ -91,8 +94,11 @@ class Trainer:
         self.rows = {row["id"]: row for row in train_rows}
         self.val_rows = val_rows
         self.fingerprint = run_fingerprint
-        self.tracker = Tracker(paths.live, paths.measured, params.report_to,
-                               {"train": to_dict(params), "prompt": style.__dict__}, paths.measured.parent / "wandb")
+        data_parallel.check_world(params)
+        # [data parallel] rank 0 logs; the other ranks' tracker does nothing
+        self.tracker = distributed.main_only(lambda: Tracker(
+            paths.live, paths.measured, params.report_to, {"train": to_dict(params), "prompt": style.__dict__},
+            paths.measured.parent / "wandb"))
         seed_everything(params.seed)
         self.device = resolve_device(params.device)
         self.tokenizer = load_tokenizer(paths.base_model)
@@ -144,25 +150,27 @@ class Trainer:
                 "history": self.history, "validation": self.validation, "samples": self.samples}
 
     def save(self) -> None:
+        if not distributed.is_main():  # [data parallel] every rank holds the same state; rank 0 writes it
+            return
         ckpt.save_checkpoint(self.paths.checkpoints, self.step, save_adapter_fn=self._save_adapter,
                              optimizer=self.optimizer, scheduler=self.scheduler, state=self._state())
         kill_point("checkpoint.prune")
         ckpt.prune(self.paths.checkpoints, self.params.keep_last, {row["step"] for row in self.validation})
 
     def resume(self) -> None:
-        ckpt.sweep_hidden(self.paths.checkpoints)
-        found = ckpt.load_latest(self.paths.checkpoints)
+        # [data parallel] rank 0 reads the newest checkpoint and every rank resumes from it, also ranks
+        # on hosts that do not see rank 0's checkpoints folder
+        found = distributed.broadcast(self._read_latest() if distributed.is_main() else None)
         if found is None:
             return
-        path, state, trainer = found
+        path, state, trainer, adapter = found
         if state.get("fingerprint") != self.fingerprint:
             log.warning("checkpoints in %s belong to another run (params, data or base changed): starting "
                         "fresh and deleting them", self.paths.checkpoints)
-            shutil.rmtree(self.paths.checkpoints)
+            if distributed.is_main():
+                shutil.rmtree(self.paths.checkpoints)
             return
-        from safetensors.torch import load_file
-
-        load_lora_state_dict(self.model, load_file(str(path / "adapter" / "adapter_model.safetensors")))
+        load_lora_state_dict(self.model, adapter)
         self.optimizer.load_state_dict(trainer["optimizer"])
         self.scheduler.load_state_dict(trainer["scheduler"])
         ckpt.set_rng_state(trainer["rng"])
@@ -174,12 +182,23 @@ class Trainer:
         self.samples = state.get("samples", [])
         log.info("resumed from %s (step %d of %d)", path, self.step, self.params.max_steps)
 
+    def _read_latest(self) -> tuple[Path, dict, dict, dict] | None:
+        """The newest complete checkpoint: (folder, state.json, trainer state, adapter tensors)."""
+        ckpt.sweep_hidden(self.paths.checkpoints)
+        found = ckpt.load_latest(self.paths.checkpoints)
+        if found is None:
+            return None
+        from safetensors.torch import load_file
+
+        return *found, load_file(str(found[0] / "adapter" / "adapter_model.safetensors"))
+
     # --- the loop ----------------------------------------------------------------------------
     def run(self) -> dict:
         self.resume()
         self.tracker.start(self.history, self.validation)
         p = self.params
-        bar = tqdm(total=p.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True)
+        bar = tqdm(total=p.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
+                   disable=not distributed.is_main())
         while self.step < p.max_steps:
             stage = self.schedule.stage_for_step(self.step)
             ids = self.sampler.next_ids(p.prompts_per_step, stage)
@@ -228,14 +247,17 @@ class Trainer:
         """Rewrite the samples and the measured log whole from the state that checkpoints hold, so a
         resumed run's equal an uninterrupted run's: entries made after the last checkpoint are redone,
         never doubled (the DVCLive files are replayed from that state by ``Tracker.start``)."""
+        if not distributed.is_main():  # [data parallel] rank 0 writes
+            return
         write_jsonl(self.paths.samples, self.samples)
         self.tracker.save_measured()
 
     def _finish(self) -> dict:
         kill_point("train.finish")
         self._write_logs()
-        with atomic_dir(self.paths.final) as tmp:
-            self._save_adapter(Path(tmp))
+        if distributed.is_main():  # [data parallel] rank 0 writes
+            with atomic_dir(self.paths.final) as tmp:
+                self._save_adapter(Path(tmp))
         kill_point("train.summary")
         last = self.history[-1] if self.history else {}
         first = self.history[0] if self.history else {}

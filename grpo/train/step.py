@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from grpo import distributed
 from grpo.algo.advantages import compute_advantages, skip_zero_variance
 from grpo.algo.entropy_mask import entropy_threshold, keep_mask_from_threshold
 from grpo.algo.logprobs import chunked_token_logprobs_and_entropy
@@ -24,6 +25,7 @@ from grpo.model.lora import lora_disabled
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout.base import Completion, SamplingParams
 from grpo.rollout.native import NativeEngine
+from grpo.train import data_parallel
 from grpo.train.batch import TrainBatch, build_batch, response_hidden_states
 from grpo.train.memory import AdaptiveBatchSize, FaultHook, phase_peak_memory, run_in_micro_batches
 from grpo.verify.rewards import compute_rewards
@@ -53,13 +55,15 @@ class Rollouts:
     responses: list[str]  # prefill + generated text, what rewards saw
 
 
-def generate_groups(ctx: StepContext, prompts: list[dict], step: int) -> Rollouts:
+def generate_groups(ctx: StepContext, prompts: list[dict], step: int, first_prompt: int = 0) -> Rollouts:
     """G completions per prompt from the current policy, in one engine call: the engine adapts its
-    batch to out-of-memory errors itself (``ctx.sizes["generate"]``), redrawing nothing."""
+    batch to out-of-memory errors itself (``ctx.sizes["generate"]``), redrawing nothing. ``prompts``
+    start at the step's prompt ``first_prompt`` (a data-parallel rank's share), which keys their samples."""
     p = ctx.params
     texts = [build_prompt(ctx.tokenizer, row["question"], ctx.style) for row in prompts]
     sampling = SamplingParams(n=p.group_size, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
-                              max_new_tokens=p.max_response_length, seed=p.seed * 1_000_003 + step)
+                              max_new_tokens=p.max_response_length, seed=p.seed * 1_000_003 + step,
+                              first_prompt=first_prompt)
     with dense_base(ctx.model, p.dense_generation):
         groups = ctx.engine.generate(texts, sampling)
     samples = [row for row in prompts for _ in range(p.group_size)]
@@ -132,12 +136,14 @@ def policy_updates(ctx: StepContext, batch: TrainBatch, advantages: torch.Tensor
         loss_mask *= batch.truncated.logical_not().float().unsqueeze(1)
     keep = None
     if "entropy" in pre:
-        response_entropies = pre["entropy"][loss_mask.bool()]
+        # [data parallel] the quantile is the whole step's
+        response_entropies = data_parallel.step_wide(pre["entropy"][loss_mask.bool()])
         threshold = entropy_threshold(response_entropies, p.entropy_keep_fraction)
         keep = keep_mask_from_threshold(pre["entropy"], loss_mask, threshold, p.entropy_min_per_sequence)
     # One step-wide normaliser, so the micro-batch split (which OOM recovery changes) never changes
     # the gradient; see grpo.algo.loss on accumulation.
-    denominator = loss_normaliser(p.loss_type, loss_mask, p.max_response_length)
+    # [data parallel] summed over ranks: each rank's loss is its share of the step's loss
+    denominator = distributed.all_reduce_sum(loss_normaliser(p.loss_type, loss_mask, p.max_response_length))
     totals: dict[str, float] = {}
     for _ in range(p.num_iterations):
         ctx.optimizer.zero_grad(set_to_none=True)
@@ -167,12 +173,12 @@ def policy_updates(ctx: StepContext, batch: TrainBatch, advantages: torch.Tensor
 
         run_in_micro_batches(range(len(batch)), work, ctx.sizes["train"], ctx.hook, step=step,
                              params_with_grad=ctx.lora_params)
+        distributed.all_reduce_gradients(ctx.lora_params)  # [data parallel] the step's gradient
         with torch.profiler.record_function("grpo/optimizer"):
             grad_norm = torch.nn.utils.clip_grad_norm_(ctx.lora_params, p.grad_clip)
             ctx.optimizer.step()
             ctx.scheduler.step()
-        n = sum(k for k, _ in metrics_parts)
-        totals = {key: sum(k * m[key] for k, m in metrics_parts) / n for key in metrics_parts[0][1]}
+        totals = data_parallel.mean_over_rows(metrics_parts)  # [data parallel] every rank's rows
         totals["grad_norm"] = float(grad_norm)
     return totals
 
@@ -182,12 +188,19 @@ def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[st
     p = ctx.params
     peaks: dict[str, float] = {}
     t0 = time.perf_counter()
+    lo, hi = data_parallel.step_share(len(prompts))  # [data parallel] this rank's groups
     with phase_peak_memory(peaks, "generate", ctx.device):
-        ro = generate_groups(ctx, prompts, step)
+        ro = generate_groups(ctx, prompts[lo:hi], step, first_prompt=lo)
     t_gen = time.perf_counter() - t0
     n_tokens = [len(c.token_ids) for c in ro.completions]
     finish = [c.finish_reason for c in ro.completions]
     scored = compute_rewards(ro.responses, ro.samples, dict(p.rewards), finish, n_tokens, p.max_response_length)
+    # [data parallel] the whole step's rollouts and rewards on every rank; this rank trains rows `mine`
+    samples, completions, responses, scored = data_parallel.gather_step(ro.samples, ro.completions, ro.responses, scored)
+    ro = Rollouts(samples, completions, responses)
+    mine = slice(lo * p.group_size, hi * p.group_size)
+    n_tokens = [len(c.token_ids) for c in ro.completions]
+    finish = [c.finish_reason for c in ro.completions]
     per_fn, reasons = scored.per_fn, scored.reasons
     rewards = torch.tensor(scored.totals, dtype=torch.float32)
     adv = compute_advantages(rewards, p.group_size, p.advantage_scale)
@@ -208,13 +221,13 @@ def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[st
     if not keep_rows.any():
         metrics.update(skipped_step=1.0)
         return metrics, ro, reasons
-    kept = [c for c, k in zip(ro.completions, keep_rows.tolist()) if k]
+    kept = [c for c, k in zip(ro.completions[mine], keep_rows[mine].tolist()) if k]
     batch = build_batch(kept, ctx.tokenizer.pad_token_id)
     t1 = time.perf_counter()
     with phase_peak_memory(metrics, "score", ctx.device):
         pre = scoring_pass(ctx, batch, step)
     with phase_peak_memory(metrics, "train", ctx.device):
-        metrics.update(policy_updates(ctx, batch, adv.advantages[keep_rows], pre, step))
+        metrics.update(policy_updates(ctx, batch, adv.advantages[mine][keep_rows[mine]], pre, step))
     t_train = time.perf_counter() - t1
     metrics.update(time_train_s=t_train, train_tokens_per_s=float(batch.response_mask.sum()) / max(t_train, 1e-9),
                    lr=ctx.scheduler.get_last_lr()[0], skipped_step=0.0)
