@@ -72,8 +72,9 @@ def non_empty(v: Any) -> str | None:
     return None if len(v) > 0 else "a non-empty list"
 
 
-DATASETS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23", "dapo_math_17k", "deepscaler", "open_rs")
-BENCHMARKS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23")
+DATASETS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23", "arith", "dapo_math_17k", "deepscaler",
+            "open_rs")
+BENCHMARKS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23", "arith")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 REWARDS = (
     "correctness", "correctness_strict", "r1_format", "tagged_format_strict", "tagged_format_soft",
@@ -88,6 +89,9 @@ def subset_of(allowed: tuple[str, ...]) -> Check:
 
     return check
 
+
+# SENT curriculum orders (grpo/sent/curriculum.py ORDER_KEYS): learning signal first, or the seed engine's
+SENT_ORDERS = ("signal", "entropy")
 
 # trackers that mirror the training log (DVCLive always writes it): grpo/train/tracking.py
 REPORT_TO = ("wandb",)
@@ -136,6 +140,7 @@ class SentParams:
     max_new_tokens: int = _check(positive, default=256)
     batch_size: int = _check(positive, default=32)
     no_answer_cluster: bool = True  # False: each unanswered sample is its own cluster
+    order: str = _check(one_of(*SENT_ORDERS), default="signal")  # grpo/sent/curriculum.py
     num_stages: int = _check(positive, default=3)
     drop_all_correct: bool = False
     drop_all_wrong: bool = False

@@ -56,7 +56,7 @@ def main(params, args) -> None:
     if not distributed.is_main():
         return  # every rank holds the gathered scores; rank 0 writes them
     curriculum = build_curriculum(run.scores, s.num_stages, drop_all_correct=s.drop_all_correct,
-                                  drop_all_wrong=s.drop_all_wrong, seed=s.seed)
+                                  drop_all_wrong=s.drop_all_wrong, seed=s.seed, order=s.order)
     write_outputs(OUT, METRICS, run, curriculum, engine=kind, M=s.M)
     write_log(MEASURED, measured_figures(run))
 

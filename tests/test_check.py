@@ -251,7 +251,7 @@ def test_check_on_the_shipped_8gb_preset_fits_with_the_rows_the_engines_put_in_f
     params = load_preset()
     expected = plan_stages(params, resolve_arch(params["model"].source), cuda=True, prompt_tokens=256, budget=8 * GIB)
     assert table_peaks(out) == {(p.stage, p.name): round(p.peak / GIB, 2) for p in expected}
-    assert len(expected) == 1 + 2 + 2 * 4 + 1  # sent, train's two phases, 4 benchmarks x (base, final), infer
+    assert len(expected) == 1 + 2 + 2 * 5 + 1  # sent, train's two phases, 5 benchmarks x (base, final), infer
     seqs = dict(re.findall(r"^  (sent|evaluate base/aime24|evaluate base/gsm8k)\s+generation\s+(\S+)", out, re.M))
     sent_rows, aime_rows, gsm_rows = (int(seqs[k].split("/")[0]) for k in ("sent", "evaluate base/aime24",
                                                                             "evaluate base/gsm8k"))

@@ -8,13 +8,14 @@ from grpo.config import SECTIONS, load_params
 from grpo.preset import PRESETS, available, main
 
 TARGET_GIB = {"rtx3060ti-8gb": 8, "h200": 141, "rocm-bf16-llama8b": 24}
+CPU_PRESETS = ["arith-cpu"]
 
 
 def test_the_documented_presets_exist():
-    assert available() == sorted(TARGET_GIB)
+    assert available() == sorted([*TARGET_GIB, *CPU_PRESETS])
 
 
-@pytest.mark.parametrize("name", sorted(TARGET_GIB))
+@pytest.mark.parametrize("name", sorted([*TARGET_GIB, *CPU_PRESETS]))
 def test_preset_passes_validation_of_every_section(name):
     params = load_params(PRESETS / f"{name}.yaml", list(SECTIONS))
     assert set(params) == set(SECTIONS)
@@ -38,6 +39,15 @@ def test_rocm_preset_is_the_llama_run_card():
     assert t.prompts_per_step * t.group_size // t.train_batch_size == 2
     assert sorted(t.rewards) == sorted(["correctness", "integer_answer", "tagged_format_strict",
                                         "tagged_format_soft", "tag_count"])
+
+
+def test_arith_cpu_preset_is_the_default_model_on_the_synthetic_task():
+    preset = load_params(PRESETS / "arith-cpu.yaml", list(SECTIONS))
+    default = load_params(PRESETS.parent / "params.yaml", list(SECTIONS))
+    assert preset["model"] == default["model"] and preset["prompt"] == default["prompt"]
+    assert preset["prepare"].train_sources == ["arith"] and "arith" in preset["prepare"].benchmarks
+    assert preset["prepare"].benchmarks == default["prepare"].benchmarks  # the evaluate matrix of dvc.yaml
+    assert preset["sent"].order == "signal"
 
 
 def test_h200_preset_is_larger_than_the_8gb_one():

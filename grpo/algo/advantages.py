@@ -6,7 +6,10 @@ Scaling follows TRL's ``scale_rewards``:
     batch  A = (r - mean_g) / (std_all + eps)  centred per group, one scale for the batch (Liu et al. 2025)
     none   A = r - mean_g                      Dr. GRPO: no std division, no difficulty bias
 Standard deviations are unbiased (Bessel), like ``torch.std`` and TRL. A group whose rewards are all
-equal has zero advantage whatever the scaling: it carries no policy-gradient signal.
+equal has exactly zero advantage whatever the scaling: it carries no policy-gradient signal. Group
+statistics are computed in float64 and such groups are zeroed explicitly, because in float32 an
+inexact group mean leaves a residue (+2.98e-4 for eight rewards of 0.3 under group scaling) and a
+std of ~3e-8 that the zero-std test would judge differently depending on the batch's shape.
 """
 from __future__ import annotations
 
@@ -32,11 +35,13 @@ def _grouped(rewards: Tensor, group_size: int) -> Tensor:
         raise ValueError(f"group_size must be at least 2, got {group_size}")
     if rewards.dim() != 1 or rewards.numel() == 0 or rewards.numel() % group_size:
         raise ValueError(f"rewards must be 1-D with a multiple of {group_size} entries, got {tuple(rewards.shape)}")
-    return rewards.float().view(-1, group_size)
+    return rewards.double().view(-1, group_size)
 
 
 def _zero_std(group_std: Tensor) -> Tensor:
-    return torch.isclose(group_std, torch.zeros_like(group_std))  # TRL's test, tolerant of float noise
+    # TRL's test (atol 1e-8), on a float64 std: float noise in the rewards (0.1 + 0.2 vs 0.3) counts
+    # as zero, and no float32 rounding of the mean can push an equal group over the tolerance
+    return torch.isclose(group_std, torch.zeros_like(group_std))
 
 
 def compute_advantages(
@@ -44,8 +49,9 @@ def compute_advantages(
 ) -> AdvantageResult:
     """Advantages for rewards [num_prompts * group_size]; ``eps`` keeps zero-std divisions finite."""
     groups = _grouped(rewards, group_size)
-    centred = groups - groups.mean(dim=1, keepdim=True)
     group_std = groups.std(dim=1)
+    zero = _zero_std(group_std)
+    centred = (groups - groups.mean(dim=1, keepdim=True)).masked_fill(zero[:, None], 0.0)
     if scale == "group":
         advantages = centred / (group_std[:, None] + eps)
     elif scale == "batch":
@@ -54,8 +60,8 @@ def compute_advantages(
         advantages = centred
     else:
         raise ValueError(f"scale must be 'group', 'batch' or 'none', got {scale!r}")
-    zero = _zero_std(group_std)
-    return AdvantageResult(advantages.reshape(-1), group_std, zero, float(zero.float().mean()))
+    return AdvantageResult(advantages.reshape(-1).float(), group_std.float(), zero,
+                           float(zero.double().mean()))
 
 
 def skip_zero_variance(rewards: Tensor, group_size: int) -> Tensor:

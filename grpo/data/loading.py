@@ -39,9 +39,10 @@ class LoadedRows:
 
 
 def load_dataset_rows(name: str, split_role: str, source: str = "auto", data_dir: Path = BUNDLED_DIR,
-                      max_unparsable_fraction: float = 0.01) -> LoadedRows:
+                      max_unparsable_fraction: float = 0.01, seed: int = 0) -> LoadedRows:
     """Load dataset ``name`` for ``split_role`` ("train" or "eval") from ``source``: "bundled" (files under
     ``data_dir``), "hub" (``datasets.load_dataset``) or "auto" (bundled when the files exist, else hub).
+    A generated dataset ignores ``source`` and is generated from ``seed``.
     Raises DataError when more than ``max_unparsable_fraction`` of the gold answers do not parse."""
     spec = get_spec(name)
     if split_role not in spec.splits:
@@ -49,13 +50,22 @@ def load_dataset_rows(name: str, split_role: str, source: str = "auto", data_dir
     if source not in SOURCES:
         raise DataError(f"unknown source {source!r}; allowed: {', '.join(SOURCES)}")
     split = spec.splits[split_role]
+    if spec.generate is not None:
+        records = ((f"{name} ({split.hub_split}, seed {seed}): row {n}", record)
+                   for n, record in enumerate(spec.generate(split.hub_split, seed), start=1))
+        return _to_rows(spec, split_role, records, f"generated:seed {seed}", max_unparsable_fraction)
     if source == "auto":
         source = "bundled" if split.files and all((Path(data_dir) / f).is_file() for f in split.files) else "hub"
     if source == "bundled":
         records, origin = _bundled_records(spec, split, Path(data_dir)), "bundled"
     else:
         records, origin = _hub_records(spec, split), f"hub:{spec.hub_id}"
+    return _to_rows(spec, split_role, records, origin, max_unparsable_fraction)
 
+
+def _to_rows(spec: DatasetSpec, split_role: str, records: Iterator[tuple[str, dict]], origin: str,
+             max_unparsable_fraction: float) -> LoadedRows:
+    name = spec.name
     rows: list[dict] = []
     seen: dict[str, str] = {}  # own id → where it first appeared; index-based ids are unique by construction
     unparsable, first_unparsable = 0, ""

@@ -43,7 +43,7 @@ def prepare_datasets(train_sources: list[str], eval_benchmarks: list[str], val_f
     """Build the train/val split and the eval sets (see the module docstring for the steps).
     ``max_eval`` maps a benchmark to its cap; a missing benchmark or None means no cap."""
     def load(name: str, role: str) -> LoadedRows:
-        return load_dataset_rows(name, role, source, Path(data_dir), max_unparsable_fraction)
+        return load_dataset_rows(name, role, source, Path(data_dir), max_unparsable_fraction, seed)
 
     ignored = sorted(set(max_eval) - set(eval_benchmarks))
     if ignored:

@@ -14,6 +14,7 @@ from grpo.data.answers import (
     INTEGER, LATEX, NONE, NUMBER, AnswerParser, parse_gsm8k, parse_gsm_plus, parse_math, parse_numeric,
 )
 from grpo.data.errors import DataError
+from grpo.data.synthetic import generate_split
 
 TRAIN, EVAL = "train", "eval"
 
@@ -42,6 +43,8 @@ class DatasetSpec:
     id_field: str | None = None  # the dataset's own unique id; None: the row's index in its split
     meta_fields: Mapping[str, str] = field(default_factory=dict)  # meta key → field path, kept when present
     clean_question: Callable[[str], str] | None = None
+    # a generated dataset: (hub_split, seed) → its records; no files, no hub, whatever prepare.source says
+    generate: Callable[[str, int], list[dict]] | None = None
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -102,6 +105,13 @@ REGISTRY: dict[str, DatasetSpec] = {spec.name: spec for spec in [
         # "question": the bundled copy has it (= "problem") and so does the hub copy.
         question_field="question", answer_field="answer", parse_answer=parse_numeric, answer_types=_NUMERIC,
         license="MIT", meta_fields={"url": "url"},
+    ),
+    DatasetSpec(
+        # grpo/data/synthetic.py: multi-step integer word problems from prepare.seed, levels 1 to 3
+        name="arith", hub_id="", hub_config=None,
+        splits={TRAIN: SplitSource("train"), EVAL: SplitSource("test")},
+        question_field="question", answer_field="answer", parse_answer=parse_numeric, answer_types=(INTEGER,),
+        license="generated (this project)", meta_fields={"level": "level"}, generate=generate_split,
     ),
     DatasetSpec(
         name="dapo_math_17k", hub_id="BytedTsinghua-SIA/DAPO-Math-17k", hub_config=None,

@@ -9,6 +9,7 @@ from grpo.data.registry import REGISTRY
 from grpo.report import (MISSING, MODELS, PASS1, PASS1_STDERR, ReportInputs, base_model_name, eval_benchmarks,
                          eval_metric, fmt, fmt_param)
 from grpo.report.figures import DIAGNOSTIC_PANELS, panel_columns
+from grpo.report.gaming import gaming_evidence
 from grpo.report.render import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
 
 SECTION_TITLES = ("Summary", "Evaluation", "Training", "Checkpoint selection", "Data lineage",
@@ -78,6 +79,11 @@ def _summary(inp: ReportInputs) -> list[Block]:
         text += (f" The selected checkpoint is step {sel['step']} ({sel.get('metric', 'accuracy')} "
                  f"{fmt(sel.get('value'))} on the validation split).")
     blocks: list[Block] = [Heading(2, "Summary"), Para(text)]
+    gaming = gaming_evidence(inp.steps, inp.eval)
+    if gaming:
+        blocks += [Para("**Warning: this run games its rewards.** The format rewards rose while the model "
+                        "stopped answering and correctness stayed at zero, so the reward measures the template, "
+                        "not the answers (grpo/report/gaming.py):"), Bullets(gaming)]
     benches = eval_benchmarks(inp.eval)
     if not benches:
         return blocks + [Para("No evaluation results yet (metrics/eval.json is missing).")]
@@ -166,6 +172,12 @@ def _training(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]
             for t in transitions])]
     else:
         blocks.append(Para("No curriculum stage transitions."))
+    by_stage = tr.get("frac_reward_zero_std_by_stage") or {}
+    if by_stage:
+        blocks += [Para(f"Groups whose rewards were all equal (no gradient), `frac_reward_zero_std`, per stage "
+                        f"(`sent.order: {inp.params['sent'].order}`):"),
+                   Table(["stage", "mean frac_reward_zero_std"],
+                         [[str(int(k) + 1), fmt(v)] for k, v in by_stage.items()])]
 
     blocks.append(Heading(3, "Out-of-memory events"))
     phases = {}

@@ -7,8 +7,19 @@ File format (``data/sent/curriculum.json``, written by the sent stage, read by t
      "stages": [[id, ...], ...],          # K lists, easiest first; every kept id appears once
      "dropped": {"all_correct": [id, ...], "all_wrong": [id, ...]}}
 
-Order: ascending semantic entropy (a model that answers consistently finds the question easy), ties
-by descending pass rate, remaining ties by a seeded shuffle. Stages are consecutive, near-equal slices.
+Order (``sent.order``), remaining ties by a seeded shuffle in both:
+
+- ``signal`` (default): questions with learning signal first. A GRPO group carries gradient only when
+  its rewards differ, which for correctness means a pass rate strictly between 0 and 1; those come
+  first, easiest (highest pass rate) first. Then the all-correct questions, then the all-wrong ones:
+  answered-but-wrong before never-answered (a question the model never answers is the hardest, not
+  the most certain), and among equal answer rates the more varied answers first.
+- ``entropy``: the seed engine's order, ascending semantic entropy (a model that answers consistently
+  finds the question easy), ties by descending pass rate. With ``no_answer_cluster`` a never-answered
+  question has entropy 0 and so does a consistently wrong one: both land among the easiest, and early
+  stages fill with all-wrong groups that carry no gradient (issue 19).
+
+Stages are consecutive, near-equal slices of the order.
 
 Schedule: stage k is entered at step ``k * max_steps / K`` at the latest; with ``advance="reward"`` it
 is entered earlier once the mean reward over the current stage's recent steps passes a threshold.
@@ -27,16 +38,38 @@ CURRICULUM_VERSION = 1
 REWARD_WINDOW = 3  # steps of the current stage averaged for reward-based advancement
 
 
-def order_easy_to_hard(scores: Sequence[dict], seed: int) -> list[str]:
-    """Ids sorted by (entropy ascending, pass rate descending, seeded shuffle)."""
+def _unanswered(score: dict) -> float:
+    return sum(c["count"] for c in score.get("clusters", []) if c["answer"] is None) / score.get("n", 1)
+
+
+def _entropy_key(s: dict) -> tuple:
+    return (round(s["entropy"], 9), -s["pass_rate"])
+
+
+def _signal_key(s: dict) -> tuple:
+    p = s["pass_rate"]
+    if 0.0 < p < 1.0:
+        return (0, -p)
+    if p == 1.0:
+        return (1, round(s["entropy"], 9))
+    return (2, round(_unanswered(s), 9), -round(s["entropy"], 9))
+
+
+ORDER_KEYS = {"signal": _signal_key, "entropy": _entropy_key}  # the names are config.SENT_ORDERS
+
+
+def order_easy_to_hard(scores: Sequence[dict], seed: int, order: str = "signal") -> list[str]:
+    """Ids sorted by ``order``'s key (module docstring), then a seeded shuffle."""
+    if order not in ORDER_KEYS:
+        raise ValueError(f"sent.order: unknown order {order!r}; allowed: {', '.join(ORDER_KEYS)}")
     rng = random.Random(seed)
     tiebreak = {s["id"]: rng.random() for s in sorted(scores, key=lambda s: s["id"])}
-    ranked = sorted(scores, key=lambda s: (round(s["entropy"], 9), -s["pass_rate"], tiebreak[s["id"]]))
+    ranked = sorted(scores, key=lambda s: (*ORDER_KEYS[order](s), tiebreak[s["id"]]))
     return [s["id"] for s in ranked]
 
 
 def build_curriculum(scores: Sequence[dict], num_stages: int, *, drop_all_correct: bool,
-                     drop_all_wrong: bool, seed: int) -> dict:
+                     drop_all_wrong: bool, seed: int, order: str = "signal") -> dict:
     """The curriculum.json payload. Dropping uniform-outcome questions is offline dynamic sampling:
     a group whose samples are all right or all wrong has zero reward variance and no GRPO signal."""
     dropped: dict[str, list[str]] = {"all_correct": [], "all_wrong": []}
@@ -51,10 +84,10 @@ def build_curriculum(scores: Sequence[dict], num_stages: int, *, drop_all_correc
     if not kept:
         raise ValueError("sent: every question was dropped (all samples right or all wrong); "
                          "turn off sent.drop_all_correct / sent.drop_all_wrong or sample more (sent.M)")
-    order = order_easy_to_hard(kept, seed)
-    k = min(num_stages, len(order))
-    bounds = [round(i * len(order) / k) for i in range(k + 1)]
-    stages = [order[bounds[i] : bounds[i + 1]] for i in range(k)]
+    ids = order_easy_to_hard(kept, seed, order)
+    k = min(num_stages, len(ids))
+    bounds = [round(i * len(ids) / k) for i in range(k + 1)]
+    stages = [ids[bounds[i] : bounds[i + 1]] for i in range(k)]
     return {"version": CURRICULUM_VERSION, "num_stages": k, "stages": stages,
             "dropped": {key: sorted(v) for key, v in dropped.items()}}
 

@@ -271,6 +271,10 @@ class Trainer:
             "oom_events_total": sum(s.oom_events for s in self.sizes.values()),
             "curriculum_transitions": self.schedule.transitions,
             "verify_timeouts": sum(h.get("verify_timeouts", 0) for h in self.history),
+            # groups whose rewards were all equal carry no gradient: per stage, how much of the
+            # curriculum fed the loss nothing (issue 19)
+            # (DVCLive's summary holds the last step's value under the plain name)
+            **zero_std_summary(self.history),
             # nested as DVCLive nests rewards/<name>/mean, so exp show lists them next to it
             "rewards": {name: {"mean_first5": _mean([h[f"reward/{name}"] for h in self.history[:5]
                                                       if f"reward/{name}" in h]),
@@ -284,3 +288,13 @@ class Trainer:
 
 def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def zero_std_summary(history: list[dict]) -> dict:
+    """The mean of the steps' ``frac_reward_zero_std`` over the run, and per curriculum stage (0-based,
+    as ``curriculum_stage`` in the per-step log)."""
+    by_stage: dict[int, list[float]] = {}
+    for h in history:
+        by_stage.setdefault(h.get("curriculum_stage", 0), []).append(h["frac_reward_zero_std"])
+    return {"frac_reward_zero_std_mean": _mean([h["frac_reward_zero_std"] for h in history]),
+            "frac_reward_zero_std_by_stage": {str(stage): _mean(v) for stage, v in sorted(by_stage.items())}}

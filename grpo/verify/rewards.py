@@ -15,8 +15,12 @@ unknown, not "wrong"); ``compute_rewards`` counts those completions in ``verify_
 training log and the evaluation metrics report, so a run that loses verdicts to timeouts says so.
 
 Where this module differs from the recipe: the strict format regex uses DOTALL (the recipe's did not,
-so multi-line reasoning never matched), and ``tag_count`` charges the text after ``</answer>`` once
-(the recipe charged it twice when ``\\n</answer>\\n`` was present).
+so multi-line reasoning never matched), ``tag_count`` charges the text after ``</answer>`` once
+(the recipe charged it twice when ``\\n</answer>\\n`` was present), and the format rewards
+(``tagged_format_strict``, ``tagged_format_soft``, ``tag_count``, ``r1_format``) pay only when the
+format holds an answer (``extract_answer`` finds one in the tag or box). Without that, an empty
+template (``<answer>\\n\\n</answer>``, 17 tokens) collected 1.5 of the recipe's 4.0 at zero risk, more
+than a wrong attempt, and a model that never answers correctly learned to stop answering (issue 19).
 """
 from __future__ import annotations
 
@@ -73,9 +77,13 @@ def correctness_strict(completion: str, sample: Mapping, *, finish_reason: str =
     return _correctness(completion, sample, finish_reason, "strict")
 
 
+def _states_answer(completion: str, mode: str, finish_reason: str) -> bool:
+    return extract_answer(completion, mode=mode, finish_reason=finish_reason) is not None
+
+
 def r1_format(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
               max_tokens: int = 0) -> RewardResult:
-    """1 if the text is ``<think>...</think>`` followed by a response holding a closed ``\\boxed{}``."""
+    """1 if the text is ``<think>...</think>`` followed by a response holding a closed, non-empty ``\\boxed{}``."""
     text = completion.lstrip()
     if not text.startswith("<think>"):
         return RewardResult(0.0, "no <think> at start")
@@ -84,23 +92,31 @@ def r1_format(completion: str, sample: Mapping, *, finish_reason: str = "stop", 
         return RewardResult(0.0, "no </think>")
     if last_boxed(text[end + len("</think>"):]) is None:
         return RewardResult(0.0, "no \\boxed{} after </think>")
+    if not _states_answer(text[end + len("</think>"):], "boxed", finish_reason):
+        return RewardResult(0.0, "empty \\boxed{}")
     return RewardResult(1.0, "ok")
 
 
 def tagged_format_strict(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
                          max_tokens: int = 0) -> RewardResult:
-    """1 if the whole text is exactly ``<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>[\\n]``."""
-    if _TAGGED_STRICT.match(completion):
-        return RewardResult(1.0, "ok")
-    return RewardResult(0.0, "not exactly <reasoning>/<answer> layout")
+    """1 if the whole text is exactly ``<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>[\\n]``
+    and the answer tag holds an answer."""
+    if not _TAGGED_STRICT.match(completion):
+        return RewardResult(0.0, "not exactly <reasoning>/<answer> layout")
+    if not _states_answer(completion, "tagged", finish_reason):
+        return RewardResult(0.0, "layout ok, no answer in <answer>")
+    return RewardResult(1.0, "ok")
 
 
 def tagged_format_soft(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
                        max_tokens: int = 0) -> RewardResult:
-    """1 if ``<reasoning>...</reasoning>`` followed by ``<answer>...</answer>`` appears anywhere."""
-    if _TAGGED_SOFT.search(completion):
-        return RewardResult(1.0, "ok")
-    return RewardResult(0.0, "no <reasoning> then <answer> block")
+    """1 if ``<reasoning>...</reasoning>`` followed by ``<answer>...</answer>`` appears anywhere, and the
+    answer tag holds an answer."""
+    if not _TAGGED_SOFT.search(completion):
+        return RewardResult(0.0, "no <reasoning> then <answer> block")
+    if not _states_answer(completion, "tagged", finish_reason):
+        return RewardResult(0.0, "blocks ok, no answer in <answer>")
+    return RewardResult(1.0, "ok")
 
 
 def integer_answer(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
@@ -120,16 +136,19 @@ def integer_answer(completion: str, sample: Mapping, *, finish_reason: str = "st
 def tag_count(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
               max_tokens: int = 0) -> RewardResult:
     """The recipe's xmlcount: +0.125 per tag line present exactly once, -0.001 per character after the
-    last ``</answer>`` (one trailing newline is free). At most 0.5; long trailing text makes it negative."""
+    last ``</answer>`` (one trailing newline is free). At most 0.5; long trailing text makes it negative.
+    The tags pay only when the answer tag holds an answer; the trailing charge applies regardless."""
     present = [tag for tag in _TAG_COUNT_TAGS if completion.count(tag) == 1]
-    value = 0.125 * len(present)
+    stated = _states_answer(completion, "tagged", finish_reason)
+    value = 0.125 * len(present) if stated else 0.0
     close = completion.rfind("</answer>")
     trailing = 0
     if close != -1:
         tail = completion[close + len("</answer>"):]
         trailing = len(tail[1:] if tail.startswith("\n") else tail)
         value -= 0.001 * trailing
-    return RewardResult(value, f"{len(present)}/4 tags, {trailing} trailing chars")
+    paid = "" if stated else " (unpaid: no answer in <answer>)"
+    return RewardResult(value, f"{len(present)}/4 tags{paid}, {trailing} trailing chars")
 
 
 def _require_max_tokens(max_tokens: int, name: str) -> None:

@@ -66,3 +66,32 @@ def test_bad_inputs():
         compute_advantages(torch.zeros(4), 1)
     with pytest.raises(ValueError, match="scale"):
         compute_advantages(torch.zeros(4), 2, "rank")  # type: ignore[arg-type]
+
+
+# the float32 cases: an inexact group mean left +2.98e-4 (eight rewards of 0.3) and -1.19e-3
+# (sixteen of 1.3) under group scaling, and a single prompt's std of 3.2e-8 failed the zero-std test
+UNIFORM = [(0.3, 8), (1.3, 16)]
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("value,group_size", UNIFORM)
+def test_uniform_groups_get_exactly_zero_advantage(scale, value, group_size):
+    single = torch.full((group_size,), value, dtype=torch.float32)
+    out = compute_advantages(single, group_size, scale)
+    assert out.advantages.eq(0).all(), out.advantages
+    assert out.zero_std_mask.tolist() == [True]
+    assert out.frac_reward_zero_std == 1.0
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+@pytest.mark.parametrize("value,group_size", UNIFORM)
+def test_zero_std_does_not_depend_on_the_batch_shape(scale, value, group_size):
+    # the uniform group alone, first of two, and last of three beside groups with spread
+    spread = [float(i % 2) for i in range(group_size)]
+    uniform = [value] * group_size
+    for layout, index in (([uniform], 0), ([uniform, spread], 0), ([spread, spread, uniform], 2)):
+        rewards = torch.tensor([r for g in layout for r in g], dtype=torch.float32)
+        out = compute_advantages(rewards, group_size, scale)
+        assert out.zero_std_mask.tolist() == [g is uniform for g in layout]
+        assert out.advantages.view(-1, group_size)[index].eq(0).all()
+        assert skip_zero_variance(rewards, group_size).tolist() == [g is not uniform for g in layout]

@@ -61,7 +61,7 @@ def edit_params(project: Path, **sections: dict) -> None:
     path.write_text(yaml.safe_dump(params, sort_keys=False))
 
 
-BENCHMARKS = ["gsm8k", "gsm_plus", "math500", "aime24"]
+BENCHMARKS = ["gsm8k", "gsm_plus", "math500", "aime24", "arith"]
 
 
 def tiny_params(project: Path, tiny_model_dir: Path, benchmarks: list[str] = BENCHMARKS) -> None:

@@ -15,22 +15,57 @@ def score(i: str, entropy: float, pass_rate: float) -> dict:
 
 def test_order_by_entropy_then_pass_rate_then_seeded_shuffle():
     scores = [score("a", 1.0, 0.5), score("b", 0.0, 0.25), score("c", 0.0, 0.75), score("d", 1.0, 0.5)]
-    order = order_easy_to_hard(scores, seed=0)
+    order = order_easy_to_hard(scores, seed=0, order="entropy")
     assert order[:2] == ["c", "b"]  # lowest entropy first; tie broken by higher pass rate
     assert set(order[2:]) == {"a", "d"}
     # the a/d tie is broken by the seed, deterministically
-    assert order_easy_to_hard(scores, seed=0) == order
-    assert {tuple(order_easy_to_hard(scores, seed=s)[2:]) for s in range(20)} == {("a", "d"), ("d", "a")}
+    assert order_easy_to_hard(scores, seed=0, order="entropy") == order
+    assert {tuple(order_easy_to_hard(scores, seed=s, order="entropy")[2:]) for s in range(20)} == {("a", "d"), ("d", "a")}
+
+
+def sent_score(i: str, answers: list[str | None], gold: str = "7") -> dict:
+    """A score as grpo.sent.entropy writes it, from M sampled answers."""
+    import math
+    from collections import Counter
+    counts = Counter(answers)
+    n = len(answers)
+    entropy = 0.0 - sum(c / n * math.log(c / n) for c in counts.values())
+    return {"id": i, "entropy": entropy, "pass_rate": counts[gold] / n, "n": n,
+            "clusters": [{"answer": a, "count": c, "correct": a == gold} for a, c in counts.items()]}
+
+
+def test_signal_order_puts_mixed_outcomes_first_and_never_answered_last():
+    scores = [
+        sent_score("never", [None] * 4),                 # entropy 0 (one no-answer cluster), pass 0
+        sent_score("consistent_wrong", ["5"] * 4),       # entropy 0, pass 0
+        sent_score("varied_wrong", ["5", "6", "8", "9"]),  # high entropy, pass 0
+        sent_score("all_right", ["7"] * 4),              # entropy 0, pass 1
+        sent_score("mostly_right", ["7", "7", "7", "5"]),
+        sent_score("half_right", ["7", "7", None, "5"]),
+    ]
+    signal = order_easy_to_hard(scores, seed=0)
+    assert signal == ["mostly_right", "half_right", "all_right", "varied_wrong", "consistent_wrong", "never"]
+    # the seed engine's order puts both zero-signal, all-wrong questions among the easiest
+    assert order_easy_to_hard(scores, seed=0, order="entropy")[0] == "all_right"
+    assert set(order_easy_to_hard(scores, seed=0, order="entropy")[1:3]) == {"consistent_wrong", "never"}
+    with pytest.raises(ValueError, match="sent.order: unknown order 'random'"):
+        order_easy_to_hard(scores, seed=0, order="random")
+
+
+def test_every_configured_order_exists():
+    from grpo.config import SENT_ORDERS
+    from grpo.sent.curriculum import ORDER_KEYS
+    assert tuple(ORDER_KEYS) == SENT_ORDERS
 
 
 def test_stages_partition_and_drop_rules():
     scores = [score(f"q{i}", i / 10, 0.5) for i in range(10)]
     scores += [score("easy", 0.0, 1.0), score("hard", 2.0, 0.0)]
-    cur = build_curriculum(scores, 3, drop_all_correct=True, drop_all_wrong=True, seed=0)
+    cur = build_curriculum(scores, 3, drop_all_correct=True, drop_all_wrong=True, seed=0, order="entropy")
     assert cur["dropped"] == {"all_correct": ["easy"], "all_wrong": ["hard"]}
     assert [len(s) for s in cur["stages"]] == [3, 4, 3]
     assert [i for s in cur["stages"] for i in s] == [f"q{i}" for i in range(10)]
-    kept = build_curriculum(scores, 3, drop_all_correct=False, drop_all_wrong=False, seed=0)
+    kept = build_curriculum(scores, 3, drop_all_correct=False, drop_all_wrong=False, seed=0, order="entropy")
     assert kept["stages"][0][0] == "easy" and kept["stages"][-1][-1] == "hard"
 
 
@@ -42,7 +77,8 @@ def test_everything_dropped_is_an_error():
 def test_load_rejects_unknown_ids(tmp_path):
     path = tmp_path / "curriculum.json"
     path.write_text(json.dumps(build_curriculum([score("a", 0, 0.5), score("b", 1, 0.5)], 2,
-                                                drop_all_correct=False, drop_all_wrong=False, seed=0)))
+                                                drop_all_correct=False, drop_all_wrong=False, seed=0,
+                                                order="entropy")))
     assert load_curriculum(path, {"a", "b"}) == [["a"], ["b"]]
     with pytest.raises(ValueError, match="not in the training data"):
         load_curriculum(path, {"a"})

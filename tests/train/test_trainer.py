@@ -29,6 +29,13 @@ def test_trains_only_lora_and_writes_outputs(tmp_path, tiny_model_dir):
     summary = read_summary(tmp_path / "plain/metrics")
     assert summary["steps"] == 3 and summary["step"] == 3 and summary["verify_timeouts"] == 0
     steps = read_steps(tmp_path / "plain/metrics")
+    zero_std = [row["frac_reward_zero_std"] for row in steps]
+    assert summary["frac_reward_zero_std_mean"] == pytest.approx(sum(zero_std) / 3, abs=1e-6)
+    by_stage = {}
+    for row, value in zip(steps, zero_std):
+        by_stage.setdefault(str(int(row["curriculum_stage"])), []).append(value)
+    assert summary["frac_reward_zero_std_by_stage"] == pytest.approx(
+        {stage: sum(v) / len(v) for stage, v in by_stage.items()}, abs=1e-6)
     assert [row["step"] for row in steps] == [1, 2, 3]
     # TRL's names (beta > 0: kl; mu = 2: a clipped ratio), and results only: no timing or memory figure
     assert {"reward", "reward_std", "completions/mean_length", "completions/clipped_ratio", "clip_ratio/low_mean",

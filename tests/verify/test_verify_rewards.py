@@ -79,6 +79,17 @@ def test_tagged_format_strict(completion, value):
     assert tagged_format_strict(completion, ROW).value == value
 
 
+EMPTY_TEMPLATES = ["<reasoning>\n\n</reasoning>\n<answer>\n\n</answer>", "<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>\n",
+                   "<think>\n\n</think>\n\\boxed{}"]
+
+
+@pytest.mark.parametrize("fn", [tagged_format_strict, tagged_format_soft, tag_count, r1_format])
+@pytest.mark.parametrize("template", EMPTY_TEMPLATES)
+def test_format_rewards_do_not_pay_an_empty_template(fn, template):
+    result = fn(template, ROW, finish_reason="stop")
+    assert result.value == 0.0, result
+
+
 @pytest.mark.parametrize(
     ("completion", "value"),
     [
@@ -121,7 +132,9 @@ def test_integer_answer(completion, finish_reason, value):
         (PERFECT.rstrip("\n") + "abc", 0.5 - 0.003),
         ("<reasoning>\nx\n<answer>\n42\n</answer>", 0.375),  # no "\n</reasoning>\n"
         ("<reasoning>\nx\n</reasoning>\n<answer>\n1\n</answer>\n<answer>\n2\n</answer>", 0.25),
-        ("<reasoning>\nstill thinking", 0.125),
+        ("<reasoning>\nstill thinking", 0.0),  # tags pay only once an answer is stated
+        ("<reasoning>\n\n</reasoning>\n<answer>\n\n</answer>", 0.0),  # the empty template
+        ("<reasoning>\n\n</reasoning>\n<answer>\n\n</answer>abc", -0.003),  # the trailing charge still applies
         ("", 0.0),
     ],
 )
@@ -168,8 +181,8 @@ def test_compute_rewards_reproduces_the_recipe_scale():
                                                         RECIPE_WEIGHTS, ["stop", "stop", "length"], [20, 20, 100], 100)
     # PERFECT: 2.0 + 0.5 + 0.5 + 0.5 + 0.5 = 4.0 (the recipe's maximum).
     # wrong: 0 + 0.5 (41 is an integer) + 0 (trailing text) + 0.5 + (0.5 - 0.003) = 1.497.
-    # truncated: only "<reasoning>\n" counts: 0.125.
-    assert totals == pytest.approx([4.0, 1.497, 0.125])
+    # truncated: no answer stated, so its one tag is not paid: 0.
+    assert totals == pytest.approx([4.0, 1.497, 0.0])
     assert per_fn["correctness"] == [1.0, 0.0, 0.0]
     assert per_fn["tagged_format_strict"] == [1.0, 0.0, 0.0]
     assert list(per_fn) == list(RECIPE_WEIGHTS)
