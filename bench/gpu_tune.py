@@ -1,13 +1,19 @@
-"""grpo.profile and grpo.tune on one GPU under a memory cap, at the 8 GB preset's shape (issue 17).
+"""grpo.tune, grpo.profile and TRL's step on one GPU, at the 8 GB preset's shape (issue 17).
 
-    python3 bench/gpu_tune.py [--cap-gib 7.5] [--tune-s 420] [--stages train]
+    python3 bench/gpu_tune.py [--jobs trl,tune:7.5,tune:15.5,tune:23.5,profile:7.5] [--deadline-s 560]
 
 Sets up the project folder of bench/gpu_stages.py (the R1-Distill-Qwen-1.5B-shape random model of
 bench/r1_model.py, presets/rtx3060ti-8gb.yaml, its data caps) by running its base_model and prepare stages,
-then in that folder a profiled training run (`python -m grpo.profile --steps 1 --budget-gib CAP`) and the
-tuner (`python -m grpo.tune --budget-gib CAP --stages train --steps 1`), the latter cut at ``--tune-s``
-(its trials are cached one by one, so a cut run still leaves every finished trial). Copies the profile's
-phase table, plot and trace, and the tuner's table and cache to $OUT (default bench/results/gpu_tune/).
+then runs the jobs in order, each cut at the call's deadline:
+- ``tune:CAP``: ``python -m grpo.tune --budget-gib CAP --stages train`` (each trial the train stage in its
+  own process with its allocator capped to CAP; 8/16/24 GiB cards less a CUDA context: 7.5/15.5/23.5);
+- ``profile:CAP``: ``python -m grpo.profile --steps 1 --budget-gib CAP`` (trace, CUDA memory snapshot,
+  phase table);
+- ``steady:CAP``: the shipped settings and ``--winner``, each over ``--steps`` measured steps;
+- ``trl``: TRL's GRPOTrainer at the same shape (``--trl-script``, the reference bench carried in ``.gpu/``;
+  needs the trl/datasets/dill/multiprocess wheels installed on the device).
+The tuner caches each finished trial; caches found in ``bench/results/gpu_tune/`` (carried in the tree)
+seed the run, so a call cut by its deadline is continued by the next. Results go to $OUT/gpu_tune/.
 Random weights: times and memory are real, answers are not.
 """
 from __future__ import annotations
@@ -23,44 +29,96 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = Path("/tmp/gpu_stages_work")
+CARRIED = ROOT / "bench" / "results" / "gpu_tune"
+TUNE_CACHE = WORK / "logs" / "tune"
 
 
-def run(cmd: list[str], timeout: float) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           **(env or {})}
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=WORK, env=env, capture_output=True, text=True, timeout=timeout)
+        proc = subprocess.run(cmd, cwd=WORK, env=env, capture_output=True, text=True, timeout=max(timeout, 1))
         rc, out = proc.returncode, proc.stdout + proc.stderr[-3000:]
     except subprocess.TimeoutExpired as exc:
-        rc, out = "timeout", (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-    print(f"$ {' '.join(cmd)}  -> rc {rc} in {time.perf_counter() - t0:.0f} s\n{out[-6000:]}", flush=True)
+        rc = "timeout"
+        out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+    print(f"$ {' '.join(cmd)}  -> rc {rc} in {time.perf_counter() - t0:.0f} s\n{out[-8000:]}", flush=True)
     return {"cmd": " ".join(cmd), "rc": rc, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def job_command(job: str, args: argparse.Namespace, out: Path) -> tuple[list[str], dict[str, str]]:
+    kind, _, cap = job.partition(":")
+    if kind == "tune":
+        return [sys.executable, "-m", "grpo.tune", "--budget-gib", cap, "--stages", "train",
+                "--steps", str(args.steps), "--trials-s", str(args.trial_s)], {}
+    if kind == "profile":
+        return [sys.executable, "-m", "grpo.profile", "--steps", "1", "--budget-gib", cap,
+                "--out", str(WORK / "logs" / "profile")], {}
+    if kind == "steady":  # the shipped settings and the tuner's winner, each over more steps (steady_step)
+        return [sys.executable, str(Path(__file__).resolve()), "--steady-step", cap, "--steps", str(args.steps),
+                "--winner", args.winner], {}
+    if kind == "trl":
+        env = {"CAP_GIB": "8", "COMP": "768", "ACC": "4", "STEPS": "2", "OUT": str(out)}
+        return [sys.executable, str(Path(args.trl_script).resolve())], env
+    raise SystemExit(f"--jobs: unknown job {job!r} (tune:CAP, profile:CAP, trl)")
+
+
+def steady_step(cap: float, steps: int, winner: dict, out: Path) -> None:
+    """The shipped preset's and the winner's train step over ``steps`` measured steps, in one process
+    each, one after the other (the same call, so their ratio holds)."""
+    import yaml
+
+    from grpo.tuning.trial import Workload, run_trial
+    raw = yaml.safe_load((WORK / "params.yaml").read_text())
+    results = {}
+    for name, settings in (("shipped", {}), ("winner", winner)):
+        scratch = Path(f"/tmp/steady-{name}")
+        shutil.rmtree(scratch, ignore_errors=True)
+        outcome = run_trial(WORK, scratch, raw, "train", settings, workload=Workload(steps=steps), cap_gib=cap,
+                            timeout_s=400)
+        results[name] = {"settings": settings, **outcome.__dict__}
+        print(name, json.dumps(results[name]), flush=True)
+        (out / f"steady_{name}.log").write_text((scratch / "trial.log").read_text() if (scratch / "trial.log").exists() else "")
+        (out / f"steady_{cap:g}gib.json").write_text(json.dumps(results, indent=1))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--cap-gib", type=float, default=7.5, help="8 GiB less a real card's CUDA context")
-    parser.add_argument("--tune-s", type=float, default=420.0)
-    parser.add_argument("--stages", default="train")
-    parser.add_argument("--profile-steps", type=int, default=1)
-    parser.add_argument("--profile-s", type=float, default=300.0)
+    parser.add_argument("--jobs", default="trl,tune:7.5,tune:15.5,tune:23.5,profile:7.5")
+    parser.add_argument("--deadline-s", type=float, default=560.0, help="the whole call, set-up included")
+    parser.add_argument("--steps", type=int, default=3, help="measured training steps a trial (after a warm-up)")
+    parser.add_argument("--trial-s", type=float, default=150.0)
+    parser.add_argument("--trl-script", default=".gpu/reference-bench/trl_anchor.py")
+    parser.add_argument("--winner", default='{"train.generation_batch_size": 64}', help="steady job: JSON settings")
+    parser.add_argument("--steady-step", type=float, help=argparse.SUPPRESS)  # the steady job's own process
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or ROOT / "bench" / "results") / "gpu_tune"
+    if args.steady_step:
+        steady_step(args.steady_step, args.steps, json.loads(args.winner), out)
+        return 0
+    start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     setup = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_stages.py"), "--stages", "base_model,prepare",
                             "--name", "gpu_tune_setup"], capture_output=True, text=True,
                            env={**os.environ, "OUT": "/tmp/gpu_tune_setup"})  # its JSON and logs stay there
     print(setup.stdout[-2000:], setup.stderr[-2000:], flush=True)
-    cap = str(args.cap_gib)
-    runs = [run([sys.executable, "-m", "grpo.profile", "--steps", str(args.profile_steps), "--budget-gib", cap,
-                 "--out", str(WORK / "logs" / "profile")], args.profile_s),
-            run([sys.executable, "-m", "grpo.tune", "--budget-gib", cap, "--stages", args.stages, "--steps", "1",
-                 "--trials-s", "120"], args.tune_s)]
-    for name in ("phases.txt", "phases.json", "memory.png", "trace.json.gz"):
+    TUNE_CACHE.mkdir(parents=True, exist_ok=True)
+    for cache in CARRIED.glob("*gib.json"):
+        shutil.copy(cache, TUNE_CACHE / cache.name)
+    runs = []
+    for job in filter(None, (j.strip() for j in args.jobs.split(","))):
+        left = args.deadline_s - (time.perf_counter() - start)
+        if left < 30:
+            runs.append({"cmd": job, "rc": "skipped: deadline"})
+            continue
+        cmd, env = job_command(job, args, out)
+        runs.append({"job": job, **run(cmd, left, env)})
+        # after every job, so a later timeout loses nothing: caches, tables and each trial's log
+        shutil.copytree(TUNE_CACHE, out, dirs_exist_ok=True)
+    for name in ("phases.txt", "phases.json", "memory.png", "memory_snapshot.pickle", "trace.json.gz"):
         if (WORK / "logs" / "profile" / name).exists():
             shutil.copy(WORK / "logs" / "profile" / name, out / name)
-    for found in (WORK / "logs" / "tune").glob("*"):
-        shutil.copy(found, out / ("tune" + found.suffix))
     (out / "runs.json").write_text(json.dumps(runs, indent=1))
     return 0
 

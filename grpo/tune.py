@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -72,6 +73,7 @@ class Tuner:
                 outcome = run_trial(self.project, Path(scratch), self.raw, stage, settings, benchmark=benchmark,
                                     workload=self.workload, cap_gib=self.budget / GIB if self.gpu else None,
                                     timeout_s=self.trial_s)
+                self.keep_log(Path(scratch) / "trial.log", stage, settings)
             self.cache[key] = outcome.__dict__
             atomic_write_json(self.cache_path, self.cache)
             source = "measured"
@@ -80,6 +82,14 @@ class Tuner:
         print(f"  {stage:<8} {describe(settings, self.params)}: {outcome.status}"
               + (f", {outcome.speed:.3g} {SPEED[stage]}" if outcome.speed else "") + f" ({source})", flush=True)
         return outcome
+
+    def keep_log(self, log: Path, stage: str, settings: dict[str, Any]) -> None:
+        """The trial's output beside the cache (logs/tune/<cache>/<stage>-<settings>.log): why a trial
+        was slow or failed is in it."""
+        if log.exists():
+            folder = self.cache_path.with_suffix("")
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.copy(log, folder / f"{stage}-{slug(describe(settings, self.params))}.log")
 
     def search(self, stage: str) -> tuple[dict[str, Any], Outcome, Outcome]:
         """Coordinate search from the current params: (winning settings, its outcome, the shipped one's)."""

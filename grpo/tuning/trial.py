@@ -19,6 +19,7 @@ import logging
 import os
 import resource
 import runpy
+import statistics
 import subprocess
 import sys
 import time
@@ -103,14 +104,15 @@ def stage_args(stage: str, benchmark: str | None) -> list[str]:
 
 
 def measure(scratch: Path, stage: str, benchmark: str | None) -> tuple[float | None, dict[str, Any]]:
-    """(speed, figures) from the stage's measured log: train's mean step time after the warm-up step,
-    sent's and evaluate's generated tokens per second."""
+    """(speed, figures) from the stage's measured log: train's median step time after the warm-up step
+    (a new prompt-length bucket recompiles the decode step once; the median keeps that one-off out of
+    the steady figure), sent's and evaluate's generated tokens per second."""
     if stage == "train":
         steps = (read_log(scratch / TRAIN) or {}).get("steps", [])[1:]
         if not steps:
             return None, {}
         times = [s["time_generate_s"] + s["time_train_s"] for s in steps]
-        return sum(times) / len(times), {"step_s": times,
+        return statistics.median(times), {"step_s": times,
                                          "generate_s": [round(s["time_generate_s"], 3) for s in steps],
                                          "train_s": [round(s["time_train_s"], 3) for s in steps]}
     log = read_log(scratch / SENT if stage == "sent" else eval_log(scratch, "base", benchmark or "")) or {}
