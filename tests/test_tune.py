@@ -39,6 +39,10 @@ def test_tune_measures_skips_an_oom_trial_caches_and_writes(prepared_project):
     # the injected OOM: micro-batches of 4 rows fail, and that trial is recorded, not fatal
     ooms = [json.loads(k)[2] for k, v in trials if v["status"] == "oom"]
     assert ooms and all(s["train.train_batch_size"] == 4 for s in ooms)
+    # each trial's output is kept beside the cache: the OOM trial's log holds the absorbed error
+    logs = {log.name: log.read_text() for log in cache.with_suffix("").glob("*.log")}
+    oom_logs = [text for name, text in logs.items() if "train-batch-size-4" in name]
+    assert oom_logs and all("OOM in train" in text for text in oom_logs)
     assert all(v["status"] == "ok" for k, v in trials if json.loads(k)[2].get("train.train_batch_size", 0) <= 2)
     # every measured trial has its speed: seconds a step for train, tokens/s for evaluate
     assert all(v["speed"] > 0 for v in by_settings.values() if v["status"] == "ok")
@@ -105,3 +109,42 @@ def test_profile_writes_a_trace_with_labelled_phases_and_a_table(prepared_projec
     assert rows["generate"]["wall_s_per_step"] + rows["train"]["wall_s_per_step"] <= step_s * 1.05
     assert rows["generate"]["peak_gib"] > 0  # the process's resident set on CPU
     assert "phase" in printed and "trace.json.gz" in printed
+
+
+def test_phase_times_count_host_ranges_only():
+    """On CUDA the profiler lists a label as its host range and again as GPU-timeline pieces; only the
+    host range is the phase. (Plain records stand in for a CUDA profile, which cannot run here.)"""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from grpo.profile import phase_times
+
+    def event(device: DeviceType, start: float, cpu_us: float, gpu_us: float) -> SimpleNamespace:
+        return SimpleNamespace(name="grpo/generate", device_type=device, time_range=SimpleNamespace(start=start),
+                               cpu_time_total=cpu_us, device_time_total=gpu_us)
+
+    events = [event(DeviceType.CUDA, 5, 0, 2e6), event(DeviceType.CPU, 1, 3e6, 2.5e6),
+              event(DeviceType.CUDA, 6, 0, 0.5e6)]
+    assert phase_times(events) == {"generate": [{"wall_s": 3.0, "gpu_s": 2.5}]}
+
+
+def test_memory_png_anchors_the_history_at_what_is_allocated_at_the_end(tmp_path):
+    """The allocator's history starts mid-run: 1 GiB was allocated before it, then +1, +2, -1 GiB; the
+    snapshot's segments hold 3 GiB at the end, so the levels are 2, 4, 3 GiB and the peak 4."""
+    import pickle
+
+    from grpo.profile import memory_png
+
+    gib = 2**30
+    trace = [{"action": "alloc", "size": gib, "time_us": 1_000_000},
+             {"action": "alloc", "size": 2 * gib, "time_us": 2_000_000},
+             {"action": "segment_alloc", "size": 8 * gib, "time_us": 2_500_000},
+             {"action": "free_completed", "size": gib, "time_us": 4_000_000}]
+    segments = [{"blocks": [{"size": 2 * gib, "state": "active_allocated"}, {"size": gib, "state": "inactive"},
+                            {"size": gib, "state": "active_allocated"}]}]
+    snapshot = tmp_path / "memory_snapshot.pickle"
+    snapshot.write_bytes(pickle.dumps({"device_traces": [trace], "segments": segments}))
+    span, peak = memory_png(snapshot, tmp_path / "memory.png")
+    assert (span, peak) == (3.0, 4.0)
+    assert (tmp_path / "memory.png").stat().st_size > 0
