@@ -13,7 +13,8 @@ then runs the jobs in order, each cut at the call's deadline:
 - ``trl``: TRL's GRPOTrainer at the same shape (``--trl-script``, the reference bench carried in ``.gpu/``;
   needs the trl/datasets/dill/multiprocess wheels installed on the device).
 The tuner caches each finished trial; caches found in ``bench/results/gpu_tune/`` (carried in the tree)
-seed the run, so a call cut by its deadline is continued by the next. Results go to $OUT/gpu_tune/.
+seed the run, so a call cut by its deadline is continued by the next. Results go to $OUT/gpu_tune/ (the
+caches, the trials' logs in trial_logs.tar.gz, runs.json and the profile's files: within the device's 8 files).
 Random weights: times and memory are real, answers are not.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -114,13 +116,25 @@ def main() -> int:
             continue
         cmd, env = job_command(job, args, out)
         runs.append({"job": job, **run(cmd, left, env)})
-        # after every job, so a later timeout loses nothing: caches, tables and each trial's log
-        shutil.copytree(TUNE_CACHE, out, dirs_exist_ok=True)
+        if job.startswith("tune"):
+            save_tuner_output(out)  # after every tune job, so a later timeout loses nothing
     for name in ("phases.txt", "phases.json", "memory.png", "memory_snapshot.pickle", "trace.json.gz"):
         if (WORK / "logs" / "profile" / name).exists():
             shutil.copy(WORK / "logs" / "profile" / name, out / name)
     (out / "runs.json").write_text(json.dumps(runs, indent=1))
     return 0
+
+
+def save_tuner_output(out: Path) -> None:
+    """The caches (one JSON a budget) as files, every trial's log in one archive: the device returns
+    at most 8 files, and the profile's trace and snapshot need their places."""
+    for cache in TUNE_CACHE.glob("*.json"):
+        shutil.copy(cache, out / cache.name)
+    logs = sorted(TUNE_CACHE.rglob("*.log"))
+    if logs:
+        with tarfile.open(out / "trial_logs.tar.gz", "w:gz") as tar:
+            for log in logs:
+                tar.add(log, arcname=str(log.relative_to(TUNE_CACHE)))
 
 
 if __name__ == "__main__":
