@@ -9,7 +9,7 @@ then runs the jobs in order, each cut at the call's deadline:
   own process with its allocator capped to CAP; 8/16/24 GiB cards less a CUDA context: 7.5/15.5/23.5);
 - ``profile:CAP``: ``python -m grpo.profile --steps 1 --budget-gib CAP`` (trace, CUDA memory snapshot,
   phase table);
-- ``steady:CAP``: the shipped settings and ``--winner``, each over ``--steps`` measured steps;
+- ``steady:CAP``: bench/steady_step.py, the shipped settings and ``--winner``, each over ``--steps`` measured steps;
 - ``trl``: TRL's GRPOTrainer at the same shape (``--trl-script``, the reference bench carried in ``.gpu/``;
   needs the trl/datasets/dill/multiprocess wheels installed on the device).
 The tuner caches each finished trial; caches found in ``bench/results/gpu_tune/`` (carried in the tree)
@@ -57,32 +57,13 @@ def job_command(job: str, args: argparse.Namespace, out: Path) -> tuple[list[str
     if kind == "profile":
         return [sys.executable, "-m", "grpo.profile", "--steps", "1", "--budget-gib", cap,
                 "--out", str(WORK / "logs" / "profile")], {}
-    if kind == "steady":  # the shipped settings and the tuner's winner, each over more steps (steady_step)
-        return [sys.executable, str(Path(__file__).resolve()), "--steady-step", cap, "--steps", str(args.steps),
-                "--winner", args.winner], {}
+    if kind == "steady":  # the shipped settings and the tuner's winner, each over more steps
+        return [sys.executable, str(ROOT / "bench" / "steady_step.py"), "--project", str(WORK), "--out", str(out),
+                "--steps", str(args.steps), "--cap-gib", cap, "--winner", args.winner], {}
     if kind == "trl":
         env = {"CAP_GIB": "8", "COMP": "768", "ACC": "4", "STEPS": "2", "OUT": str(out)}
         return [sys.executable, str(Path(args.trl_script).resolve())], env
     raise SystemExit(f"--jobs: unknown job {job!r} (tune:CAP, profile:CAP, trl)")
-
-
-def steady_step(cap: float, steps: int, winner: dict, out: Path) -> None:
-    """The shipped preset's and the winner's train step over ``steps`` measured steps, in one process
-    each, one after the other (the same call, so their ratio holds)."""
-    import yaml
-
-    from grpo.tuning.trial import Workload, run_trial
-    raw = yaml.safe_load((WORK / "params.yaml").read_text())
-    results = {}
-    for name, settings in (("shipped", {}), ("winner", winner)):
-        scratch = Path(f"/tmp/steady-{name}")
-        shutil.rmtree(scratch, ignore_errors=True)
-        outcome = run_trial(WORK, scratch, raw, "train", settings, workload=Workload(steps=steps), cap_gib=cap,
-                            timeout_s=400)
-        results[name] = {"settings": settings, **outcome.__dict__}
-        print(name, json.dumps(results[name]), flush=True)
-        (out / f"steady_{name}.log").write_text((scratch / "trial.log").read_text() if (scratch / "trial.log").exists() else "")
-        (out / f"steady_{cap:g}gib.json").write_text(json.dumps(results, indent=1))
 
 
 def main() -> int:
@@ -93,12 +74,8 @@ def main() -> int:
     parser.add_argument("--trial-s", type=float, default=150.0)
     parser.add_argument("--trl-script", default=".gpu/reference-bench/trl_anchor.py")
     parser.add_argument("--winner", default='{"train.generation_batch_size": 64}', help="steady job: JSON settings")
-    parser.add_argument("--steady-step", type=float, help=argparse.SUPPRESS)  # the steady job's own process
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or ROOT / "bench" / "results") / "gpu_tune"
-    if args.steady_step:
-        steady_step(args.steady_step, args.steps, json.loads(args.winner), out)
-        return 0
     start = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     setup = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_stages.py"), "--stages", "base_model,prepare",

@@ -4,6 +4,7 @@ uses) in every training micro-batch of more than 2 rows stands in for a setting 
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import json
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import pytest
 import yaml
 
 from grpo.tune import main as tune_main
-from grpo.tuning.knobs import knob_values
+from grpo.tuning.knobs import MIN_GAIN, faster, knob_values
 from grpo.tuning.params_edit import update_params
 from tests.pipeline.project import copy_project, edit_params, run, tiny_params
 
@@ -80,6 +81,27 @@ def test_knob_candidates_hold_the_current_value_and_stay_within_a_step():
     assert knobs["train.train_batch_size"] == [8, 16]  # double would exceed the step's 16 sequences
     assert knobs["train.compute_dtype"] == ["float32", "bfloat16"]
     assert "train.generation_merge_lora" not in knobs and "train.generation_merge_lora" in knob_values("train", raw, True)
+
+
+def test_sent_engine_candidates_leave_out_what_auto_resolves_to():
+    """`auto` stays a candidate (a tuned params file keeps choosing by capability); the other candidate is
+    the engine `auto` does not pick here, never the same engine a second time under its own name."""
+    raw = {"sent": {"batch_size": 16, "dtype": "auto", "engine": "auto"}}
+    engines = knob_values("sent", raw, gpu=False).get("sent.engine")
+    if importlib.util.find_spec("vllm"):  # auto is vLLM here
+        assert engines == ["auto", "native"]
+        assert knob_values("sent", {"sent": {**raw["sent"], "engine": "native"}}, gpu=False)["sent.engine"] == [
+            "native", "vllm"]
+    else:
+        assert engines is None  # nothing to choose between
+
+
+def test_a_setting_must_win_by_the_margin_to_replace_the_current_one():
+    # s/step: lower wins; 10% faster is the least that counts, 5% (run-to-run spread) does not
+    assert MIN_GAIN == pytest.approx(0.10)
+    assert faster("train", 9.0, 10.0) and not faster("train", 9.5, 10.0) and not faster("train", 11.0, 10.0)
+    # tokens/s: higher wins
+    assert faster("sent", 112.0, 100.0) and not faster("evaluate", 105.0, 100.0) and not faster("sent", 90.0, 100.0)
 
 
 def test_update_params_keeps_comments_nulls_and_quotes(tmp_path):
