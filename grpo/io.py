@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from grpo.faults import kill_point
+from grpo.fault_injection import kill_point
 
 FLOAT_DIGITS = 6
 

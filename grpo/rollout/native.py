@@ -40,7 +40,8 @@ from grpo.rollout.base import Completion, SamplingParams, encode_prompts, make_c
 from grpo.rollout.budget import slots_for_model
 from grpo.rollout.sampling import keyed_scores, row_keys
 from grpo.rollout.static_decode import StaticDecoder, supports
-from grpo.train.memory import AdaptiveBatchSize, FaultHook, free_memory
+from grpo.fault_injection import FaultHook
+from grpo.microbatch import AdaptiveBatchSize, free_memory
 
 BACKENDS = ("auto", "hf", "static")
 GENERATION_ADVICE = "lower max_new_tokens (or the prompts' length), or use a smaller model."
@@ -53,7 +54,7 @@ class NativeEngine:
     count n): ``generate`` decodes them in batches, the static decoder in as many slots.
 
     ``size`` adapts the rows in flight to out-of-memory errors across calls, as the trainer's
-    micro-batches do (grpo.train.memory; the trainer passes its own ``size`` and ``fault_hook`` so
+    micro-batches do (grpo.microbatch; the trainer passes its own ``size`` and ``fault_hook`` so
     that its checkpoints and metrics carry them). ``max_slots_for(prompt_tokens, params)``, when
     given, caps the rows in flight for a memory budget (grpo.memory_plan's formula and the free memory;
     on a GPU grpo/rollout/budget.py's by default): ``prompt_tokens`` is a call's longest prompt,

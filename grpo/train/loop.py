@@ -24,7 +24,7 @@ from tqdm import tqdm
 from grpo import distributed
 from grpo.cli import seed_everything
 from grpo.config import TrainParams, to_dict
-from grpo.faults import kill_point
+from grpo.fault_injection import kill_point
 from grpo.io import atomic_dir, write_jsonl
 from grpo.measured import split_measured
 from grpo.model.adapter import LoraSettings, save_adapter
@@ -36,7 +36,8 @@ from grpo.rollout.native import NativeEngine
 from grpo.sent.curriculum import CurriculumSampler, StageSchedule
 from grpo.train import checkpoint as ckpt
 from grpo.train import data_parallel
-from grpo.train.memory import AdaptiveBatchSize, FaultHook
+from grpo.fault_injection import FaultHook
+from grpo.microbatch import AdaptiveBatchSize
 from grpo.train.step import StepContext, grpo_step
 from grpo.train.tracking import Tracker
 from grpo.train.validation import validate

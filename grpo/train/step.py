@@ -1,7 +1,7 @@
 """One GRPO step: rollouts → rewards → advantages → (scoring pass) → μ clipped policy updates.
 
 Read top to bottom, this file is the algorithm. Memory-heavy phases run through adaptive
-micro-batches (grpo.train.memory); the loss is normalised over the whole step so that the split into
+micro-batches (grpo.microbatch); the loss is normalised over the whole step so that the split into
 micro-batches never changes the gradient.
 """
 from __future__ import annotations
@@ -27,7 +27,8 @@ from grpo.rollout.base import Completion, SamplingParams
 from grpo.rollout.native import NativeEngine
 from grpo.train import data_parallel
 from grpo.train.batch import TrainBatch, build_batch, response_hidden_states
-from grpo.train.memory import AdaptiveBatchSize, FaultHook, phase_peak_memory, run_in_micro_batches
+from grpo.fault_injection import FaultHook
+from grpo.microbatch import AdaptiveBatchSize, micro_batches, phase_peak_memory
 from grpo.verify.rewards import compute_rewards
 
 
@@ -103,9 +104,9 @@ def scoring_pass(ctx: StepContext, batch: TrainBatch, step: int) -> dict[str, to
     was_training = ctx.model.training
     ctx.model.eval()  # no dropout: these are the policy's own probabilities
 
-    def work(rows: range) -> None:
-        mb = batch.select(slice(rows.start, rows.stop)).to(ctx.device)
-        with torch.no_grad():
+    for chunk in micro_batches(len(batch), ctx.sizes["score"], ctx.hook, step=step):
+        with chunk, torch.no_grad():
+            mb = batch.select(chunk.slice).to(ctx.device)
             if need_old or need_entropy:
                 lp, ent = token_logprobs(ctx, mb, entropy=need_entropy)
                 out["old"].append(_pad_to(lp, batch))
@@ -115,8 +116,6 @@ def scoring_pass(ctx: StepContext, batch: TrainBatch, step: int) -> dict[str, to
                 with lora_disabled(ctx.model):
                     ref, _ = token_logprobs(ctx, mb, entropy=False)
                 out["ref"].append(_pad_to(ref, batch))
-
-    run_in_micro_batches(range(len(batch)), work, ctx.sizes["score"], ctx.hook, step=step)
     ctx.model.train(was_training)
     return {k: torch.cat(v).cpu() for k, v in out.items() if v}
 
@@ -149,30 +148,29 @@ def policy_updates(ctx: StepContext, batch: TrainBatch, advantages: torch.Tensor
         ctx.optimizer.zero_grad(set_to_none=True)
         metrics_parts: list[tuple[int, dict[str, float]]] = []
 
-        def work(rows: range) -> None:
-            sl = slice(rows.start, rows.stop)
-            mb = batch.select(sl).to(ctx.device)
-            width = mb.response_ids.shape[1]
-            lp, entropy = token_logprobs(ctx, mb, entropy=True)
-            out = grpo_loss(
-                lp,
-                pre["old"][sl, :width].to(ctx.device) if "old" in pre else None,
-                advantages[sl].to(ctx.device),
-                loss_mask[sl, :width].to(ctx.device),
-                loss_type=p.loss_type,
-                epsilon_low=p.epsilon_low, epsilon_high=p.epsilon_high, delta=p.delta, beta=p.beta,
-                ref_logprobs=pre["ref"][sl, :width].to(ctx.device) if "ref" in pre else None,
-                max_completion_length=p.max_response_length,
-                num_items_in_batch=denominator,
-                entropy_keep_mask=None if keep is None else keep[sl, :width].to(ctx.device),
-            )
-            out.loss.backward()
-            response = mb.response_mask.bool()
-            out.metrics["entropy_mean"] = float(entropy.detach()[response].mean()) if response.any() else 0.0
-            metrics_parts.append((rows.stop - rows.start, out.metrics))
-
-        run_in_micro_batches(range(len(batch)), work, ctx.sizes["train"], ctx.hook, step=step,
-                             params_with_grad=ctx.lora_params)
+        for chunk in micro_batches(len(batch), ctx.sizes["train"], ctx.hook, step=step,
+                                   params_with_grad=ctx.lora_params):
+            with chunk:
+                sl = chunk.slice
+                mb = batch.select(sl).to(ctx.device)
+                width = mb.response_ids.shape[1]
+                lp, entropy = token_logprobs(ctx, mb, entropy=True)
+                out = grpo_loss(
+                    lp,
+                    pre["old"][sl, :width].to(ctx.device) if "old" in pre else None,
+                    advantages[sl].to(ctx.device),
+                    loss_mask[sl, :width].to(ctx.device),
+                    loss_type=p.loss_type,
+                    epsilon_low=p.epsilon_low, epsilon_high=p.epsilon_high, delta=p.delta, beta=p.beta,
+                    ref_logprobs=pre["ref"][sl, :width].to(ctx.device) if "ref" in pre else None,
+                    max_completion_length=p.max_response_length,
+                    num_items_in_batch=denominator,
+                    entropy_keep_mask=None if keep is None else keep[sl, :width].to(ctx.device),
+                )
+                out.loss.backward()
+                response = mb.response_mask.bool()
+                out.metrics["entropy_mean"] = float(entropy.detach()[response].mean()) if response.any() else 0.0
+                metrics_parts.append((len(chunk.rows), out.metrics))
         distributed.all_reduce_gradients(ctx.lora_params)  # [data parallel] the step's gradient
         with torch.profiler.record_function("grpo/optimizer"):
             grad_norm = torch.nn.utils.clip_grad_norm_(ctx.lora_params, p.grad_clip)
