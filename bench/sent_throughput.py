@@ -29,7 +29,8 @@ from grpo.data.loading import load_dataset_rows  # noqa: E402
 from grpo.hardware import describe_cpu  # noqa: E402
 from grpo.model.loading import load_tokenizer  # noqa: E402
 from grpo.prompts import PromptStyle  # noqa: E402
-from grpo.rollout.base import SamplingParams, make_engine  # noqa: E402
+from grpo.rollout.base import SamplingParams  # noqa: E402
+from grpo.rollout.engines import make_engine  # noqa: E402
 from grpo.sent.scoring import max_sequence_length, score_questions  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "sent_throughput.json"

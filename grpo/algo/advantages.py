@@ -14,12 +14,13 @@ std of ~3e-8 that the zero-std test would judge differently depending on the bat
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 AdvantageScale = Literal["group", "batch", "none"]
+ADVANTAGE_SCALES: tuple[str, ...] = get_args(AdvantageScale)  # what params' train.advantage_scale may name
 
 
 @dataclass(frozen=True)

@@ -50,12 +50,3 @@ def keep_mask_from_threshold(entropy: Tensor, mask: Tensor, threshold: float, mi
         # rows with fewer than k response tokens pick masked positions too; `& response` drops them
         keep |= torch.zeros_like(keep).scatter_(1, top, True) & response
     return keep
-
-
-def entropy_keep_mask(entropy: Tensor, mask: Tensor, keep_fraction: float, min_per_sequence: int) -> Tensor:
-    """``keep_mask_from_threshold`` with the threshold taken over this batch's response tokens.
-
-    For a step split into micro-batches, use ``entropy_threshold`` over the whole step instead.
-    """
-    threshold = entropy_threshold(entropy[mask.bool()], keep_fraction)
-    return keep_mask_from_threshold(entropy, mask, threshold, min_per_sequence)

@@ -40,13 +40,13 @@ padding (an overflowing ratio, -inf) cannot turn the loss into NaN.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
 LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
-LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+LOSS_TYPES: tuple[str, ...] = get_args(LossType)  # what params' train.loss_type may name
 
 
 @dataclass
@@ -89,14 +89,12 @@ def grpo_loss(
     max_completion_length: int | None = None,
     num_items_in_batch: float | None = None,
     entropy_keep_mask: Tensor | None = None,
-    per_sequence_weights: Tensor | None = None,
 ) -> LossOutput:
     """The loss of one micro-batch. logprobs / old_logprobs / ref_logprobs / mask /
-    entropy_keep_mask: [B, T]; advantages and per_sequence_weights: [B].
+    entropy_keep_mask: [B, T]; advantages: [B].
 
-    ``per_sequence_weights`` multiply each sequence's token losses before aggregation (e.g.
-    1/n_b turns a dapo token sum into grpo's per-sequence means). ``num_items_in_batch`` overrides
-    the normaliser with a step-wide one in the loss type's own unit (``loss_normaliser``).
+    ``num_items_in_batch`` overrides the normaliser with a step-wide one in the loss type's own unit
+    (``loss_normaliser``).
     """
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, got {loss_type!r}")
@@ -123,8 +121,6 @@ def grpo_loss(
         kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1.0  # 0 at masked positions
         if beta > 0:
             per_token = per_token + beta * kl
-    if per_sequence_weights is not None:
-        per_token = per_token * per_sequence_weights.to(per_token.dtype)[:, None]
 
     if loss_type == "grpo":
         numerator = (per_token.sum(1) / response.sum(1).clamp(min=1)).sum()

@@ -36,14 +36,14 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from grpo.model.loading import disable_cpu_weight_repacking, load_policy_model, load_tokenizer
 from grpo.model.lora import lora_modules
-from grpo.rollout.base import Completion, SamplingParams, encode_prompts, make_completion, stop_token_ids
+from grpo.rollout.base import (GENERATION_BACKENDS, Completion, SamplingParams, encode_prompts, make_completion,
+                               stop_token_ids)
 from grpo.rollout.budget import slots_for_model
 from grpo.rollout.sampling import keyed_scores, row_keys
 from grpo.rollout.static_decode import StaticDecoder, supports
 from grpo.fault_injection import FaultHook
 from grpo.microbatch import AdaptiveBatchSize, free_memory
 
-BACKENDS = ("auto", "hf", "static")
 GENERATION_ADVICE = "lower max_new_tokens (or the prompts' length), or use a smaller model."
 
 log = logging.getLogger(__name__)
@@ -65,8 +65,8 @@ class NativeEngine:
                  fault_hook: FaultHook | None = None, max_slots_for: Callable[[int, SamplingParams], int] | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend not in GENERATION_BACKENDS:
+            raise ValueError(f"backend must be one of {GENERATION_BACKENDS}, got {backend!r}")
         self.batch_size = batch_size
         self.size = size or AdaptiveBatchSize("generate", batch_size, advice=GENERATION_ADVICE)
         self.hook = fault_hook or FaultHook()

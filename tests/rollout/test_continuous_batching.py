@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo.prompts import PromptStyle, build_prompt
-from grpo.rollout import SamplingParams
+from grpo.rollout.base import SamplingParams
 from grpo.rollout.native import NativeEngine
 from grpo.rollout.slots import SlotSchedule
 from grpo.rollout.static_decode import StaticDecoder

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grpo.prompts import PromptStyle, build_prompt
-from grpo.rollout import SamplingParams
+from grpo.rollout.base import SamplingParams
 from grpo.rollout.native import NativeEngine
 from grpo.fault_injection import FaultHook
 

@@ -12,7 +12,8 @@ from grpo.model.adapter import LoraSettings, save_adapter
 from grpo.model.loading import load_policy_model
 from grpo.model.lora import inject_lora, lora_modules, lora_parameters
 from grpo.prompts import PromptStyle, build_prompt
-from grpo.rollout import SamplingParams, make_engine
+from grpo.rollout.base import SamplingParams
+from grpo.rollout.engines import make_engine
 from grpo.rollout.base import stop_token_ids
 from grpo.rollout import native
 from grpo.rollout.native import NativeEngine
@@ -217,7 +218,7 @@ def test_make_engine_rejects_unknown_kind(tiny_model_dir):
 
 
 def test_auto_falls_back_to_native_without_vllm(tiny_model_dir, monkeypatch):
-    monkeypatch.setattr("grpo.rollout.base.vllm_importable", lambda: False)
+    monkeypatch.setattr("grpo.rollout.engines.vllm_importable", lambda: False)
     engine = make_engine("auto", model_dir=tiny_model_dir, dtype="float32", batch_size=2)
     assert isinstance(engine, NativeEngine) and engine.batch_size == 2
 

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from grpo.model.loading import load_policy_model
 from grpo.model.lora import inject_lora, lora_disabled, lora_modules
 from grpo.prompts import PromptStyle, build_prompt
-from grpo.rollout import SamplingParams
+from grpo.rollout.base import SamplingParams
 from grpo.rollout.native import NativeEngine
 from grpo.rollout.static_decode import StaticDecoder
 
