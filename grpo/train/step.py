@@ -9,44 +9,31 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from grpo import distributed
 from grpo.algo.advantages import compute_advantages, skip_zero_variance
 from grpo.algo.entropy_mask import entropy_threshold, keep_mask_from_threshold
-from grpo.algo.logprobs import chunked_token_logprobs_and_entropy
 from grpo.algo.loss import grpo_loss, loss_normaliser
 from grpo.config import TrainParams
-from grpo.kernels.logprob_entropy import fused_supported, fused_token_logprobs_and_entropy
-from grpo.model.dequant import dense_base
+from grpo.microbatch import micro_batches, phase_peak_memory
 from grpo.model.lora import lora_disabled
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout.base import Completion, SamplingParams
-from grpo.rollout.native import NativeEngine
 from grpo.train import data_parallel
 from grpo.train.batch import TrainBatch, build_batch, response_hidden_states
-from grpo.fault_injection import FaultHook
-from grpo.microbatch import AdaptiveBatchSize, micro_batches, phase_peak_memory
+from grpo.train.parts import TrainerParts
 from grpo.verify.rewards import compute_rewards
 
 
 @dataclass
 class StepContext:
-    """What every step needs; built once by the loop."""
+    """What every step needs: the params and the parts ``build_parts`` (grpo/train/parts.py) chose."""
 
-    model: torch.nn.Module
-    tokenizer: Any
-    engine: NativeEngine
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
     params: TrainParams
     style: PromptStyle
-    lora_params: list[torch.nn.Parameter]
-    sizes: dict[str, AdaptiveBatchSize]
-    hook: FaultHook
-    device: torch.device
+    parts: TrainerParts
 
 
 @dataclass
@@ -58,15 +45,14 @@ class Rollouts:
 
 def generate_groups(ctx: StepContext, prompts: list[dict], step: int, first_prompt: int = 0) -> Rollouts:
     """G completions per prompt from the current policy, in one engine call: the engine adapts its
-    batch to out-of-memory errors itself (``ctx.sizes["generate"]``), redrawing nothing. ``prompts``
+    batch to out-of-memory errors itself (``ctx.parts.sizes["generate"]``), redrawing nothing. ``prompts``
     start at the step's prompt ``first_prompt`` (a data-parallel rank's share), which keys their samples."""
     p = ctx.params
-    texts = [build_prompt(ctx.tokenizer, row["question"], ctx.style) for row in prompts]
+    texts = [build_prompt(ctx.parts.tokenizer, row["question"], ctx.style) for row in prompts]
     sampling = SamplingParams(n=p.group_size, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
                               max_new_tokens=p.max_response_length, seed=p.seed * 1_000_003 + step,
                               first_prompt=first_prompt)
-    with dense_base(ctx.model, p.dense_generation):
-        groups = ctx.engine.generate(texts, sampling)
+    groups = ctx.parts.engine.generate(texts, sampling)
     samples = [row for row in prompts for _ in range(p.group_size)]
     completions = [c for group in groups for c in group]
     responses = [full_response(ctx.style, c.text) for c in completions]
@@ -74,19 +60,9 @@ def generate_groups(ctx: StepContext, prompts: list[dict], step: int, first_prom
 
 
 def token_logprobs(ctx: StepContext, batch: TrainBatch, *, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) of the sampled response tokens, in chunks from the final hidden states."""
-    hidden = response_hidden_states(ctx.model, batch)
-    head = ctx.model.get_output_embeddings()
-    backend = ctx.params.logprob_backend
-    if backend == "triton" or (backend == "auto" and fused_supported(hidden, head.weight)):
-        return fused_token_logprobs_and_entropy(
-            hidden, head.weight, batch.response_ids, chunk_size=ctx.params.logprob_chunk_size,
-            temperature=ctx.params.temperature, lm_head_bias=getattr(head, "bias", None))
-    return chunked_token_logprobs_and_entropy(
-        hidden, head.weight, batch.response_ids, chunk_size=ctx.params.logprob_chunk_size,
-        temperature=ctx.params.temperature, compute_entropy=entropy,
-        lm_head_bias=getattr(head, "bias", None),
-    )
+    """Log-probs (and entropies) of the sampled response tokens, in chunks from the final hidden states,
+    by the backend chosen at set-up (``choose_logprobs``)."""
+    return ctx.parts.token_logprobs(response_hidden_states(ctx.parts.model, batch), batch.response_ids, entropy)
 
 
 def scoring_pass(ctx: StepContext, batch: TrainBatch, step: int) -> dict[str, torch.Tensor]:
@@ -101,22 +77,22 @@ def scoring_pass(ctx: StepContext, batch: TrainBatch, step: int) -> dict[str, to
     out: dict[str, list[torch.Tensor]] = {"old": [], "entropy": [], "ref": []}
     if not (need_old or need_entropy or p.beta > 0):
         return {}
-    was_training = ctx.model.training
-    ctx.model.eval()  # no dropout: these are the policy's own probabilities
+    was_training = ctx.parts.model.training
+    ctx.parts.model.eval()  # no dropout: these are the policy's own probabilities
 
-    for chunk in micro_batches(len(batch), ctx.sizes["score"], ctx.hook, step=step):
+    for chunk in micro_batches(len(batch), ctx.parts.sizes["score"], ctx.parts.hook, step=step):
         with chunk, torch.no_grad():
-            mb = batch.select(chunk.slice).to(ctx.device)
+            mb = batch.select(chunk.slice).to(ctx.parts.device)
             if need_old or need_entropy:
                 lp, ent = token_logprobs(ctx, mb, entropy=need_entropy)
                 out["old"].append(_pad_to(lp, batch))
                 if ent is not None:
                     out["entropy"].append(_pad_to(ent, batch))
             if p.beta > 0:
-                with lora_disabled(ctx.model):
+                with lora_disabled(ctx.parts.model):
                     ref, _ = token_logprobs(ctx, mb, entropy=False)
                 out["ref"].append(_pad_to(ref, batch))
-    ctx.model.train(was_training)
+    ctx.parts.model.train(was_training)
     return {k: torch.cat(v).cpu() for k, v in out.items() if v}
 
 
@@ -145,37 +121,37 @@ def policy_updates(ctx: StepContext, batch: TrainBatch, advantages: torch.Tensor
     denominator = distributed.all_reduce_sum(loss_normaliser(p.loss_type, loss_mask, p.max_response_length))
     totals: dict[str, float] = {}
     for _ in range(p.num_iterations):
-        ctx.optimizer.zero_grad(set_to_none=True)
+        ctx.parts.optimizer.zero_grad(set_to_none=True)
         metrics_parts: list[tuple[int, dict[str, float]]] = []
 
-        for chunk in micro_batches(len(batch), ctx.sizes["train"], ctx.hook, step=step,
-                                   params_with_grad=ctx.lora_params):
+        for chunk in micro_batches(len(batch), ctx.parts.sizes["train"], ctx.parts.hook, step=step,
+                                   params_with_grad=ctx.parts.lora_params):
             with chunk:
                 sl = chunk.slice
-                mb = batch.select(sl).to(ctx.device)
+                mb = batch.select(sl).to(ctx.parts.device)
                 width = mb.response_ids.shape[1]
                 lp, entropy = token_logprobs(ctx, mb, entropy=True)
                 out = grpo_loss(
                     lp,
-                    pre["old"][sl, :width].to(ctx.device) if "old" in pre else None,
-                    advantages[sl].to(ctx.device),
-                    loss_mask[sl, :width].to(ctx.device),
+                    pre["old"][sl, :width].to(ctx.parts.device) if "old" in pre else None,
+                    advantages[sl].to(ctx.parts.device),
+                    loss_mask[sl, :width].to(ctx.parts.device),
                     loss_type=p.loss_type,
                     epsilon_low=p.epsilon_low, epsilon_high=p.epsilon_high, delta=p.delta, beta=p.beta,
-                    ref_logprobs=pre["ref"][sl, :width].to(ctx.device) if "ref" in pre else None,
+                    ref_logprobs=pre["ref"][sl, :width].to(ctx.parts.device) if "ref" in pre else None,
                     max_completion_length=p.max_response_length,
                     num_items_in_batch=denominator,
-                    entropy_keep_mask=None if keep is None else keep[sl, :width].to(ctx.device),
+                    entropy_keep_mask=None if keep is None else keep[sl, :width].to(ctx.parts.device),
                 )
                 out.loss.backward()
                 response = mb.response_mask.bool()
                 out.metrics["entropy_mean"] = float(entropy.detach()[response].mean()) if response.any() else 0.0
                 metrics_parts.append((len(chunk.rows), out.metrics))
-        distributed.all_reduce_gradients(ctx.lora_params)  # [data parallel] the step's gradient
+        distributed.all_reduce_gradients(ctx.parts.lora_params)  # [data parallel] the step's gradient
         with torch.profiler.record_function("grpo/optimizer"):
-            grad_norm = torch.nn.utils.clip_grad_norm_(ctx.lora_params, p.grad_clip)
-            ctx.optimizer.step()
-            ctx.scheduler.step()
+            grad_norm = torch.nn.utils.clip_grad_norm_(ctx.parts.lora_params, p.grad_clip)
+            ctx.parts.optimizer.step()
+            ctx.parts.scheduler.step()
         totals = data_parallel.mean_over_rows(metrics_parts)  # [data parallel] every rank's rows
         totals["grad_norm"] = float(grad_norm)
     return totals
@@ -187,12 +163,13 @@ def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[st
     peaks: dict[str, float] = {}
     t0 = time.perf_counter()
     lo, hi = data_parallel.step_share(len(prompts))  # [data parallel] this rank's groups
-    with phase_peak_memory(peaks, "generate", ctx.device):
+    with phase_peak_memory(peaks, "generate", ctx.parts.device):
         ro = generate_groups(ctx, prompts[lo:hi], step, first_prompt=lo)
     t_gen = time.perf_counter() - t0
     n_tokens = [len(c.token_ids) for c in ro.completions]
     finish = [c.finish_reason for c in ro.completions]
-    scored = compute_rewards(ro.responses, ro.samples, dict(p.rewards), finish, n_tokens, p.max_response_length)
+    scored = compute_rewards(ro.responses, ro.samples, dict(p.rewards), finish, n_tokens, p.max_response_length,
+                             ctx.parts.rewards)
     # [data parallel] the whole step's rollouts and rewards on every rank; this rank trains rows `mine`
     samples, completions, responses, scored = data_parallel.gather_step(ro.samples, ro.completions, ro.responses, scored)
     ro = Rollouts(samples, completions, responses)
@@ -220,16 +197,16 @@ def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[st
         metrics.update(skipped_step=1.0)
         return metrics, ro, reasons
     kept = [c for c, k in zip(ro.completions[mine], keep_rows[mine].tolist()) if k]
-    batch = build_batch(kept, ctx.tokenizer.pad_token_id)
+    batch = build_batch(kept, ctx.parts.tokenizer.pad_token_id)
     t1 = time.perf_counter()
-    with phase_peak_memory(metrics, "score", ctx.device):
+    with phase_peak_memory(metrics, "score", ctx.parts.device):
         pre = scoring_pass(ctx, batch, step)
-    with phase_peak_memory(metrics, "train", ctx.device):
+    with phase_peak_memory(metrics, "train", ctx.parts.device):
         metrics.update(policy_updates(ctx, batch, adv.advantages[mine][keep_rows[mine]], pre, step))
     t_train = time.perf_counter() - t1
     metrics.update(time_train_s=t_train, train_tokens_per_s=float(batch.response_mask.sum()) / max(t_train, 1e-9),
-                   lr=ctx.scheduler.get_last_lr()[0], skipped_step=0.0)
-    for name, size in ctx.sizes.items():
+                   lr=ctx.parts.scheduler.get_last_lr()[0], skipped_step=0.0)
+    for name, size in ctx.parts.sizes.items():
         metrics[f"micro_batch/{name}"] = float(size.current)
         metrics[f"oom_events/{name}"] = float(size.oom_events)
     if not math.isfinite(metrics.get("grad_norm", 0.0)):

@@ -209,12 +209,14 @@ def compute_rewards(
     finish_reasons: Sequence[str],
     num_tokens: Sequence[int],
     max_tokens: int,
+    functions: Mapping[str, RewardFn] = REWARD_FUNCTIONS,
 ) -> Rewards:
-    """Every reward of ``weights`` for every completion, their weighted totals, and the timeout count."""
-    unknown = sorted(set(weights) - set(REWARD_FUNCTIONS))
+    """Every reward of ``weights`` for every completion, their weighted totals, and the timeout count;
+    ``functions`` holds the rewards by name (the trainer passes the ones its parts were built with)."""
+    unknown = sorted(set(weights) - set(functions))
     if unknown:
         raise ValueError(f"unknown reward function(s) {', '.join(unknown)}; "
-                         f"allowed: {', '.join(REWARD_FUNCTIONS)}")
+                         f"allowed: {', '.join(functions)}")
     lengths = {len(completions), len(samples), len(finish_reasons), len(num_tokens)}
     if len(lengths) != 1:
         raise ValueError("compute_rewards: completions, samples, finish_reasons and num_tokens differ in "
@@ -226,7 +228,7 @@ def compute_rewards(
     for i, (completion, sample, finish, tokens) in enumerate(zip(completions, samples, finish_reasons, num_tokens)):
         timed_out = False
         for name, weight in weights.items():
-            result = REWARD_FUNCTIONS[name](completion, sample, finish_reason=finish, num_tokens=tokens,
+            result = functions[name](completion, sample, finish_reason=finish, num_tokens=tokens,
                                             max_tokens=max_tokens)
             per_fn[name].append(result.value)
             reasons[i][name] = result.reason

@@ -17,13 +17,13 @@ from grpo import distributed
 from grpo.model.lora import lora_parameters
 from grpo.train import loop as loop_module
 from grpo.train.loop import Trainer, TrainPaths, fingerprint
-from grpo.verify import rewards as rewards_module
+from grpo.train.parts import build_parts
+from grpo.verify.rewards import REWARD_FUNCTIONS
 from tests.train.harness import ROWS, STYLE, digit_share, params
 
 
 def main(model_dir: Path, out: Path) -> None:
     logging.basicConfig(level=logging.INFO)  # the test reads "resumed from" in the log
-    rewards_module.REWARD_FUNCTIONS["digit_share"] = digit_share
     distributed.init_from_env()
     real_step = loop_module.grpo_step
 
@@ -40,7 +40,9 @@ def main(model_dir: Path, out: Path) -> None:
     p = params(**json.loads(os.environ.get("DRIVER_PARAMS", "{}")))
     paths = TrainPaths(model_dir, out / "run" / "checkpoints", out / "run" / "final", out / "run" / "metrics",
                        out / "run" / "logs" / "train.json")
-    trainer = Trainer(p, STYLE, paths, ROWS, ROWS[:3], None, fingerprint(p, STYLE, []))
+    parts = build_parts(p, STYLE, paths.base_model, paths.live, paths.measured, [row["id"] for row in ROWS], None,
+                        reward_functions={**REWARD_FUNCTIONS, "digit_share": digit_share})
+    trainer = Trainer(p, STYLE, paths, ROWS, ROWS[:3], parts, fingerprint(p, STYLE, []))
     trainer.run()
     weights = {f"{i}": t.detach().clone() for i, t in enumerate(lora_parameters(trainer.model))}
     torch.save(weights, out / f"weights-rank-{distributed.rank()}.pt")

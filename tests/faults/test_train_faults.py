@@ -13,11 +13,8 @@ import torch
 
 from grpo.train import checkpoint as checkpoint_module
 from grpo.train.checkpoint import list_checkpoints
-from tests.train.harness import digit_share, final_weights, kill_at_step, params, record_rollouts, run
-from tests.train.harness import varied_reward as varied_reward  # noqa: F401 - a fixture, used below
-from grpo.verify import rewards as rewards_module
+from tests.train.harness import final_weights, kill_at_step, params, record_rollouts, run
 
-pytestmark = pytest.mark.usefixtures("varied_reward")
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +22,6 @@ def clean(tmp_path_factory, tiny_model_dir):
     """One uninterrupted run: (its trainer, its final adapter weights, its rollouts' token ids)."""
     root = tmp_path_factory.mktemp("clean")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(rewards_module.REWARD_FUNCTIONS, "digit_share", digit_share)
         rollouts = record_rollouts(patch)
         trainer = run(root, tiny_model_dir, params(), "clean")
     return trainer, final_weights(root, "clean"), rollouts

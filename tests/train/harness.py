@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -12,8 +11,8 @@ from grpo.config import parse_section
 from grpo.prompts import PromptStyle
 from grpo.train import loop as loop_module
 from grpo.train.loop import Trainer, TrainPaths, fingerprint
-from grpo.verify import rewards as rewards_module
-from grpo.verify.rewards import RewardResult
+from grpo.train.parts import build_parts
+from grpo.verify.rewards import REWARD_FUNCTIONS, RewardResult
 
 STYLE = PromptStyle("tagged")
 ROWS = [{"id": f"q{i}", "source": "t", "question": f"What is {i} + {i}?", "answer": str(2 * i),
@@ -21,14 +20,9 @@ ROWS = [{"id": f"q{i}", "source": "t", "question": f"What is {i} + {i}?", "answe
 
 
 def digit_share(completion: str, sample: dict, **_) -> RewardResult:
-    """A test reward that varies between random completions, so groups have non-zero advantages."""
+    """A test reward that varies between random completions, so groups have non-zero advantages; the
+    harness passes it to ``build_parts`` with the registered ones."""
     return RewardResult(sum(ch.isdigit() for ch in completion) / max(1, len(completion)), "digit share")
-
-
-@pytest.fixture
-def varied_reward(monkeypatch):
-    """Register ``digit_share``; a test module using the harness makes this fixture autouse."""
-    monkeypatch.setitem(rewards_module.REWARD_FUNCTIONS, "digit_share", digit_share)
 
 
 def params(**overrides):
@@ -44,7 +38,9 @@ def params(**overrides):
 def run(tmp_path, tiny_model_dir, p, name: str) -> Trainer:
     paths = TrainPaths(tiny_model_dir, tmp_path / name / "checkpoints", tmp_path / name / "final",
                        tmp_path / name / "metrics", tmp_path / name / "logs" / "train.json")
-    trainer = Trainer(p, STYLE, paths, ROWS, ROWS[:2], None, fingerprint(p, STYLE, []))
+    parts = build_parts(p, STYLE, paths.base_model, paths.live, paths.measured, [row["id"] for row in ROWS], None,
+                        reward_functions={**REWARD_FUNCTIONS, "digit_share": digit_share})
+    trainer = Trainer(p, STYLE, paths, ROWS, ROWS[:2], parts, fingerprint(p, STYLE, []))
     trainer.run()
     return trainer
 

@@ -14,16 +14,14 @@ from grpo.train.checkpoint import list_checkpoints
 from grpo.train.tracking import logged
 from grpo.trainlog import read_steps, read_summary, read_validation
 from tests.train.harness import final_weights, kill_at_step, params, run
-from tests.train.harness import varied_reward as varied_reward  # noqa: F401 - a fixture, used below
 
-pytestmark = pytest.mark.usefixtures("varied_reward")
 
 
 def test_trains_only_lora_and_writes_outputs(tmp_path, tiny_model_dir):
     trainer = run(tmp_path, tiny_model_dir, params(), "plain")
-    lora = {id(p) for p in trainer.lora_params}
+    lora = {id(p) for p in trainer.parts.lora_params}
     assert all(not p.requires_grad for p in trainer.model.parameters() if id(p) not in lora)
-    assert all(p.dtype == torch.float32 for p in trainer.lora_params)
+    assert all(p.dtype == torch.float32 for p in trainer.parts.lora_params)
     weights = final_weights(tmp_path, "plain")
     assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in weights.items())
     summary = read_summary(tmp_path / "plain/metrics")
