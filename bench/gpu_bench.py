@@ -276,9 +276,9 @@ class PeakMeasuredEngine:
 def microbatch_memory(trainer, loaded: int) -> dict:
     """One training micro-batch of 4 × (128 + 768) tokens, forward + backward through the step's own
     log-prob path: peak above the memory held before it (the loaded model and what generation keeps)."""
-    from grpo.algo.loss import grpo_loss
+    from grpo.algo.objective import grpo_loss
     from grpo.rollout.base import Completion
-    from grpo.train.batch import build_batch
+    from grpo.train.step import build_batch
     from grpo.train.step import token_logprobs
 
     ctx = trainer.ctx

@@ -16,8 +16,7 @@ from typing import Any, Callable
 
 import yaml
 
-from grpo.algo.advantages import ADVANTAGE_SCALES
-from grpo.algo.loss import LOSS_TYPES
+from grpo.algo.objective import ADVANTAGE_SCALES, LOSS_TYPES
 from grpo.data.registry import EVAL, REGISTRY
 from grpo.rollout.base import ENGINE_KINDS, GENERATION_BACKENDS
 from grpo.verify.rewards import REWARD_FUNCTIONS

@@ -5,7 +5,7 @@ from the current weights with no export or reload. SENT and evaluation can use i
 ``NativeEngine.from_pretrained`` when vLLM is not installed.
 
 Batches are left-padded; transformers 5.17 derives position ids from the attention mask
-(``cumsum - 1``), the same positions grpo.train.batch gives the scoring pass (tested in
+(``cumsum - 1``), the same positions grpo.train.step gives the scoring pass (tested in
 tests/rollout/test_native_engine.py).
 
 ``backend="static"`` decodes with grpo.rollout.static_decode (static KV cache, continuous batching,

@@ -13,16 +13,14 @@ from dataclasses import dataclass
 import torch
 
 from grpo import distributed
-from grpo.algo.advantages import compute_advantages, skip_zero_variance
-from grpo.algo.entropy_mask import entropy_threshold, keep_mask_from_threshold
-from grpo.algo.loss import grpo_loss, loss_normaliser
+from grpo.algo.objective import (compute_advantages, entropy_threshold, grpo_loss, keep_mask_from_threshold,
+                                 loss_normaliser, skip_zero_variance)
 from grpo.config import TrainParams
 from grpo.microbatch import micro_batches, phase_peak_memory
 from grpo.model.lora import lora_disabled
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout.base import Completion, SamplingParams
 from grpo.train import data_parallel
-from grpo.train.batch import TrainBatch, build_batch, response_hidden_states
 from grpo.train.parts import TrainerParts
 from grpo.verify.rewards import compute_rewards
 
@@ -59,6 +57,94 @@ def generate_groups(ctx: StepContext, prompts: list[dict], step: int, first_prom
     return Rollouts(samples, completions, responses)
 
 
+# --- training tensors ------------------------------------------------------------------------------
+# Turn rollouts into training tensors without re-tokenising anything.
+#
+# Layout of one row: ``[left pads][prompt ids][sampled response ids, EOS included][right pads]``.
+# Every response starts in the same column (``prompt_width``), so the loss reads one contiguous slice of
+# hidden states; no pad ever sits between a prompt and its response, and position ids count real tokens
+# only (``cumsum(attention_mask) - 1``), so each row sees the positions it had during generation.
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor  # [B, prompt_width + response_width]
+    attention_mask: torch.Tensor  # [B, W] 1 for real tokens
+    position_ids: torch.Tensor  # [B, W]
+    response_ids: torch.Tensor  # [B, response_width] the sampled ids, pad after EOS
+    response_mask: torch.Tensor  # [B, response_width] float, 1 on sampled tokens
+    truncated: torch.Tensor  # [B] bool, finish_reason == "length"
+    prompt_width: int
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: slice | torch.Tensor) -> TrainBatch:
+        """A micro-batch; trailing all-pad response columns are cut so short rows cost nothing."""
+        mask = self.response_mask[rows]
+        width = int(mask.sum(0).nonzero().max().item()) + 1 if mask.any() else 1
+        end = self.prompt_width + width
+        return TrainBatch(
+            input_ids=self.input_ids[rows, :end],
+            attention_mask=self.attention_mask[rows, :end],
+            position_ids=self.position_ids[rows, :end],
+            response_ids=self.response_ids[rows, :width],
+            response_mask=mask[:, :width],
+            truncated=self.truncated[rows],
+            prompt_width=self.prompt_width,
+        )
+
+    def to(self, device: torch.device) -> TrainBatch:
+        return TrainBatch(
+            *(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
+                                     self.response_ids, self.response_mask, self.truncated)),
+            prompt_width=self.prompt_width,
+        )
+
+
+def build_batch(completions: list[Completion], pad_id: int) -> TrainBatch:
+    """Stack completions (each with its own prompt ids) into one left/right padded batch."""
+    if not completions:
+        raise ValueError("build_batch: no completions")
+    prompt_width = max(len(c.prompt_ids) for c in completions)
+    response_width = max(1, max(len(c.token_ids) for c in completions))
+    rows, masks, responses, response_masks = [], [], [], []
+    for c in completions:
+        left = prompt_width - len(c.prompt_ids)
+        right = response_width - len(c.token_ids)
+        rows.append([pad_id] * left + list(c.prompt_ids) + list(c.token_ids) + [pad_id] * right)
+        masks.append([0] * left + [1] * (len(c.prompt_ids) + len(c.token_ids)) + [0] * right)
+        responses.append(list(c.token_ids) + [pad_id] * right)
+        response_masks.append([1.0] * len(c.token_ids) + [0.0] * right)
+    attention_mask = torch.tensor(masks, dtype=torch.long)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return TrainBatch(
+        input_ids=torch.tensor(rows, dtype=torch.long),
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        response_ids=torch.tensor(responses, dtype=torch.long),
+        response_mask=torch.tensor(response_masks, dtype=torch.float32),
+        truncated=torch.tensor([c.finish_reason == "length" for c in completions]),
+        prompt_width=prompt_width,
+    )
+
+
+def response_hidden_states(model, batch: TrainBatch) -> torch.Tensor:
+    """Final hidden states at the positions that predict each response token: [B, response_width, H].
+
+    The decoder body runs without the LM head; log-probs are then computed in chunks from these
+    states (grpo.algo.logprobs), so full-vocabulary logits for the batch never exist at once.
+    """
+    out = model.get_decoder()(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state
+    start = batch.prompt_width - 1  # the state at the last prompt token predicts response token 0
+    return hidden[:, start : start + batch.response_ids.shape[1]]
+
+
+# --- the scoring pass and the updates -------------------------------------------------------------
 def token_logprobs(ctx: StepContext, batch: TrainBatch, *, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of the sampled response tokens, in chunks from the final hidden states,
     by the backend chosen at set-up (``choose_logprobs``)."""
@@ -116,7 +202,7 @@ def policy_updates(ctx: StepContext, batch: TrainBatch, advantages: torch.Tensor
         threshold = entropy_threshold(response_entropies, p.entropy_keep_fraction)
         keep = keep_mask_from_threshold(pre["entropy"], loss_mask, threshold, p.entropy_min_per_sequence)
     # One step-wide normaliser, so the micro-batch split (which OOM recovery changes) never changes
-    # the gradient; see grpo.algo.loss on accumulation.
+    # the gradient; see grpo.algo.objective on gradient accumulation.
     # [data parallel] summed over ranks: each rank's loss is its share of the step's loss
     denominator = distributed.all_reduce_sum(loss_normaliser(p.loss_type, loss_mask, p.max_response_length))
     totals: dict[str, float] = {}

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from grpo.algo.entropy_mask import entropy_threshold, keep_mask_from_threshold
+from grpo.algo.objective import entropy_threshold, keep_mask_from_threshold
 
 
 def entropy_keep_mask(entropy: torch.Tensor, mask: torch.Tensor, keep_fraction: float, min_per_sequence: int) -> torch.Tensor:

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from grpo.algo.loss import grpo_loss, loss_normaliser
+from grpo.algo.objective import grpo_loss, loss_normaliser
 
 # Two sequences, four positions; sequence 0 has three response tokens. Log-ratios lp - old put the
 # ratios on both sides of the clip range [0.8, 1.28] for both advantage signs:
@@ -28,7 +28,7 @@ def t(rows) -> torch.Tensor:
 
 def reference(lp, old, adv, mask, *, loss_type, keep=None, ref=None, beta=0.0, delta=None,
               max_len=MAX_LEN, num_items=None):
-    """(loss, d loss / d lp) by the obvious loop over tokens, from the formulas in grpo.algo.loss."""
+    """(loss, d loss / d lp) by the obvious loop over tokens, from the formulas in grpo.algo.objective."""
     old = old if old is not None else lp
     losses = [[0.0] * len(row) for row in lp]
     grads = [[0.0] * len(row) for row in lp]

@@ -111,7 +111,7 @@ def test_batched_equals_one_prompt_at_a_time(stop_model, tokenizer, prompts):
 def test_generate_uses_attention_mask_position_ids(model, tokenizer, prompts):
     """RoPE is shift-invariant, so equal outputs alone would not catch wrong positions on left-padded
     rows. Record what generate passes to forward: prompt positions must be ``cumsum(mask) - 1`` (pads
-    0), as grpo.train.batch builds them, and each decode step one more than the last."""
+    0), as grpo.train.step builds them, and each decode step one more than the last."""
     seen: list[torch.Tensor] = []
 
     def record(_module, _args, kwargs):
