@@ -112,5 +112,5 @@ def main() -> None:
         print("| " + " | ".join(str(r[c]) for c in cols) + " |")
 
 
-if __name__ == "__main__":  # vLLM's CPU engine needs the guard (DESIGN.md)
+if __name__ == "__main__":  # vLLM's CPU engine starts worker processes by spawn, which re-import this script
     main()

@@ -5,7 +5,8 @@ Two styles:
   instruction goes in the user turn and the response is prefilled with ``<think>\\n``.
 - ``tagged``: the GSM8K GRPO recipe's ``<reasoning>``/``<answer>`` format, taught by a system prompt.
   The response is prefilled with ``<reasoning>\\n``: small models (SmolLM2-135M) almost never start the
-  format on their own, and with the prefill about half of the groups get reward variance (DESIGN.md).
+  format on their own, and with the prefill about half of the groups get reward variance
+  (docs/ARCHITECTURE.md, "Facts measured").
 
 The prefill is part of the prompt ids (the model is conditioned on it, never trained on it), and it is
 prepended to the completion text before rewards see it, so a format reward checks the whole response.

@@ -130,7 +130,8 @@ def disable_cpu_weight_repacking(model: torch.nn.Module) -> int:
     bitsandbytes 0.50.2 repacks a ``Linear4bit`` weight in place on its first CPU forward in eval mode
     without grad (every ``generate()``); afterwards the layer's training forward no longer passes
     gradients back to its input, so LoRA parameters below it silently get ``grad=None``
-    (DESIGN.md, "Facts measured"; ``tests/model/test_loading.py`` keeps the regression test).
+    (docs/ARCHITECTURE.md, "Facts measured"; ``tests/model/test_model_loading.py`` keeps the regression
+    test).
     """
     import bitsandbytes as bnb
 

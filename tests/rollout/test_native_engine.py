@@ -175,7 +175,8 @@ def test_in_memory_engine_refuses_adapters(model, tokenizer, prompts, tmp_path):
 
 def test_4bit_lora_policy_still_trains_after_generating(tiny_model_dir, tokenizer, prompts):
     """Training rollouts run the policy in eval mode without grad, where bitsandbytes would repack 4-bit
-    weights on an AVX512-BF16 CPU and LoRA gradients would vanish (DESIGN.md). After generating, a
+    weights on an AVX512-BF16 CPU and LoRA gradients would vanish (docs/ARCHITECTURE.md, "Facts
+    measured"). After generating, a
     training forward/backward must still reach every LoRA parameter."""
     policy = load_policy_model(tiny_model_dir, quantization="nf4", compute_dtype="float32", device="cpu",
                                gradient_checkpointing=False)
