@@ -38,7 +38,7 @@ RESULTS = ROOT / "bench" / "results" / "sent_throughput.json"
 
 def bench_engine(kind: str, model_dir: Path, rows: list[dict], sent: SentParams, prompt: PromptParams,
                  batch_size: int) -> dict:
-    style = PromptStyle(prompt.style, prompt.system_prompt, prompt.prefill)
+    style = PromptStyle.from_params(prompt)
     sampling = SamplingParams(n=sent.M, temperature=sent.temperature, top_p=sent.top_p, top_k=sent.top_k,
                               max_new_tokens=sent.max_new_tokens, seed=sent.seed)
     tokenizer = load_tokenizer(model_dir)

@@ -73,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(ROOT / "params.yaml", ["train", "prompt"])
     pr = params["prompt"]
-    style = PromptStyle(pr.style, pr.system_prompt, pr.prefill)
+    style = PromptStyle.from_params(pr)
     rows = read_jsonl(ROOT / "data" / "prepared" / "train.jsonl")
     results = [run_case(name, args.steps, params["train"], style, rows) for name in args.cases]
     record = {"machine": describe_cpu(), "command": "python " + " ".join(sys.argv), "results": results}

@@ -18,6 +18,7 @@ import yaml
 
 from grpo.algo.objective import ADVANTAGE_SCALES, LOSS_TYPES
 from grpo.data.registry import EVAL, REGISTRY
+from grpo.prompts import STYLES
 from grpo.rollout.base import ENGINE_KINDS, GENERATION_BACKENDS
 from grpo.verify.rewards import REWARD_FUNCTIONS
 
@@ -113,7 +114,7 @@ class ModelParams:
 
 @dataclass(frozen=True)
 class PromptParams:
-    style: str = _check(one_of("r1", "tagged"), default="tagged")
+    style: str = _check(one_of(*STYLES), default="tagged")
     system_prompt: str | None = None  # None: the style's default; "": no system turn
     prefill: str | None = None  # None: the style's default (<think>\n or <reasoning>\n)
 

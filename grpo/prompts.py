@@ -14,6 +14,10 @@ prepended to the completion text before rewards see it, so a format reward check
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpo.config import PromptParams
 
 R1_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TAGGED_SYSTEM_PROMPT = (
@@ -30,6 +34,11 @@ class PromptStyle:
     style: str = "tagged"
     system_prompt: str | None = None
     prefill: str | None = None
+
+    @classmethod
+    def from_params(cls, params: PromptParams) -> PromptStyle:
+        """The style params.yaml's ``prompt`` section names (every stage builds it this way)."""
+        return cls(params.style, params.system_prompt, params.prefill)
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:

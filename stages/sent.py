@@ -40,7 +40,7 @@ def main(params, args) -> None:
     rows = read_jsonl(TRAIN)
     if not rows:
         raise ValueError(f"{TRAIN} has no questions to score")
-    style = PromptStyle(pr.style, pr.system_prompt, pr.prefill)
+    style = PromptStyle.from_params(pr)
     sampling = SamplingParams(n=s.M, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                               max_new_tokens=s.max_new_tokens, seed=s.seed)
     kind, dtype = resolve_engine_kind(s.engine), resolve_dtype_name(s.dtype)

@@ -26,7 +26,7 @@ PATHS = TrainPaths(base_model=Path("models/base"), checkpoints=Path("models/chec
 
 def main(params, args) -> None:
     p, pr = params["train"], params["prompt"]
-    style = PromptStyle(pr.style, pr.system_prompt, pr.prefill)
+    style = PromptStyle.from_params(pr)
     train_rows = read_jsonl(PREPARED / "train.jsonl")
     val_rows = read_jsonl(PREPARED / "val.jsonl")
     stages = None
