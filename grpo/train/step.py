@@ -1,8 +1,10 @@
 """One GRPO step: rollouts → rewards → advantages → (scoring pass) → μ clipped policy updates.
 
-Read top to bottom, this file is the algorithm. Memory-heavy phases run through adaptive
-micro-batches (grpo.microbatch); the loss is normalised over the whole step so that the split into
-micro-batches never changes the gradient.
+Read top to bottom, this file is the algorithm, ending in ``grpo_step`` which calls the phases in
+order; its maths is grpo/algo/objective.py. It chooses nothing: the engine, the reward functions and
+the log-prob backend are parts built once from the params (grpo/train/parts.py). Memory-heavy phases
+loop over adaptive micro-batches (grpo/microbatch.py); the loss is normalised over the whole step so
+that the split into micro-batches never changes the gradient. docs/ARCHITECTURE.md traces one step.
 """
 from __future__ import annotations
 
