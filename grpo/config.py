@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import yaml
 
-from grpo.algo.objective import ADVANTAGE_SCALES, LOSS_TYPES
+from grpo.algo.choices import ADVANTAGE_SCALES, LOSS_TYPES
 from grpo.data.registry import EVAL, REGISTRY
 from grpo.prompts import STYLES
 from grpo.rollout.base import ENGINE_KINDS, GENERATION_BACKENDS

@@ -7,7 +7,8 @@ import dataclasses
 import pytest
 import torch
 
-from grpo.algo.objective import ADVANTAGE_SCALES, LOSS_TYPES, compute_advantages, grpo_loss, loss_normaliser
+from grpo.algo.choices import ADVANTAGE_SCALES, LOSS_TYPES
+from grpo.algo.objective import compute_advantages, grpo_loss, loss_normaliser
 from grpo.config import BENCHMARKS, DATASETS, ConfigError, parse_section
 from grpo.data.registry import EVAL, get_spec
 from grpo.eval.summary import MODELS
@@ -79,7 +80,8 @@ def test_each_engine_kind_resolves_to_an_engine():
     # serves_adapters on a CPU: auto is native without importing vLLM (grpo/rollout/engines.py)
     on_cpu = not torch.cuda.is_available()
     concrete = {kind: resolve_engine_kind(kind, serves_adapters=on_cpu) for kind in ENGINE_KINDS}
-    assert set(concrete.values()) <= {"vllm", "native"} and concrete["vllm"] == "vllm" and concrete["native"] == "native"
+    assert set(concrete.values()) <= {"vllm", "native"}
+    assert concrete["vllm"] == "vllm" and concrete["native"] == "native"
 
 
 def test_each_generation_backend_decodes(tiny_model_dir):

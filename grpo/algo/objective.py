@@ -67,15 +67,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import torch
 from torch import Tensor
 
+from grpo.algo.choices import LOSS_TYPES, AdvantageScale, LossType
+
 
 # --- advantages ------------------------------------------------------------------------------------
-AdvantageScale = Literal["group", "batch", "none"]
-ADVANTAGE_SCALES: tuple[str, ...] = get_args(AdvantageScale)  # what params' train.advantage_scale may name
 
 
 @dataclass(frozen=True)
@@ -166,8 +165,6 @@ def keep_mask_from_threshold(entropy: Tensor, mask: Tensor, threshold: float, mi
 
 
 # --- policy loss ----------------------------------------------------------------------------------
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
-LOSS_TYPES: tuple[str, ...] = get_args(LossType)  # what params' train.loss_type may name
 
 
 @dataclass
