@@ -31,8 +31,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-
-import torch
+from typing import Any
 
 KILL_ENV = "GRPO_FAULT_KILL"
 RANK_ENV = "GRPO_FAULT_KILL_RANK"
@@ -63,8 +62,22 @@ def kill_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-class InjectedOOM(torch.OutOfMemoryError):
-    """Raised by the fault hook; handled exactly like a real CUDA out-of-memory error."""
+def __getattr__(name: str) -> Any:
+    """``InjectedOOM``, made when first asked for: it subclasses torch's out-of-memory error, and a
+    module-level ``import torch`` here would load torch (seconds) into every module that only has kill
+    points (grpo/io.py, and through it the stages that never touch a model)."""
+    if name != "InjectedOOM":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name in globals():
+        return globals()[name]
+    import torch
+
+    class InjectedOOM(torch.OutOfMemoryError):
+        """Raised by the fault hook; handled exactly like a real CUDA out-of-memory error."""
+
+    InjectedOOM.__module__, InjectedOOM.__qualname__ = __name__, name
+    globals()[name] = InjectedOOM
+    return InjectedOOM
 
 
 class FaultHook:
@@ -87,4 +100,4 @@ class FaultHook:
             hit = (rule == "all" or (rule.isdigit() and int(rule) == index)
                    or (rule.startswith("size>") and size > int(rule[5:])))
             if hit:
-                raise InjectedOOM(f"injected out-of-memory in {phase} call {index} (size {size})")
+                raise __getattr__("InjectedOOM")(f"injected out-of-memory in {phase} call {index} (size {size})")
