@@ -58,11 +58,13 @@ class NativeEngine:
     that its checkpoints and metrics carry them). ``max_slots_for(prompt_tokens, params)``, when
     given, caps the rows in flight for a memory budget (grpo.memory_plan's formula and the free memory;
     on a GPU grpo/rollout/budget.py's by default): ``prompt_tokens`` is a call's longest prompt,
-    ``params`` its sampling."""
+    ``params`` its sampling. ``decoder``, when given, is the static decoder to use (the tests' small
+    buckets); by default one is built over ``model`` on first use."""
 
     def __init__(self, model, tokenizer, *, batch_size: int, backend: str = "auto", merge_lora: bool = True,
                  release_dense: bool = True, size: AdaptiveBatchSize | None = None,
-                 fault_hook: FaultHook | None = None, max_slots_for: Callable[[int, SamplingParams], int] | None = None) -> None:
+                 fault_hook: FaultHook | None = None, max_slots_for: Callable[[int, SamplingParams], int] | None = None,
+                 decoder: StaticDecoder | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if backend not in GENERATION_BACKENDS:
@@ -75,7 +77,7 @@ class NativeEngine:
         # release_dense: the static decoder frees its dense weight copies after each generate() call,
         # so training does not carry them (measured in bench/RESULTS.md, GPU section)
         self.backend, self.merge_lora, self.release_dense = backend, merge_lora, release_dense
-        self._decoder: StaticDecoder | None = None
+        self._decoder: StaticDecoder | None = decoder
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]

@@ -29,7 +29,7 @@ from grpo.model.lora import load_lora_state_dict
 from grpo.prompts import PromptStyle
 from grpo.train import checkpoint as ckpt
 from grpo.train.parts import TrainerParts
-from grpo.train.step import StepContext, grpo_step
+from grpo.train.step import Rollouts, StepContext, grpo_step
 from grpo.train.validation import validate
 
 log = logging.getLogger(__name__)
@@ -146,7 +146,7 @@ class Trainer:
         while self.step < p.max_steps:
             stage = self.schedule.stage_for_step(self.step)
             ids = self.sampler.next_ids(p.prompts_per_step, stage)
-            step_metrics, rollouts, reasons = grpo_step(self.ctx, [self.rows[i] for i in ids], self.step)
+            step_metrics, rollouts, reasons = self.train_step([self.rows[i] for i in ids])
             kill_point("train.step")
             metrics, measured = split_measured(step_metrics)
             self.schedule.record_reward(metrics["reward_mean"])
@@ -167,6 +167,11 @@ class Trainer:
                 self._write_logs()
         bar.close()
         return self._finish()
+
+    def train_step(self, prompts: list[dict]) -> tuple[dict[str, float], Rollouts, list[dict]]:
+        """One GRPO step on ``prompts`` (grpo/train/step.py): (metrics, rollouts, reward reasons). A
+        subclass may wrap it, as the tests do to record rollouts or to stop a run at a chosen step."""
+        return grpo_step(self.ctx, prompts, self.step)
 
     def _validate(self) -> dict:
         p = self.params

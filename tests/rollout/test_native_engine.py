@@ -3,6 +3,7 @@ the position ids the trainer assumes, seeds, EOS handling, and the 4-bit + LoRA 
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -12,10 +13,8 @@ from grpo.model.adapter import LoraSettings, save_adapter
 from grpo.model.loading import load_policy_model
 from grpo.model.lora import inject_lora, lora_modules, lora_parameters
 from grpo.prompts import PromptStyle, build_prompt
-from grpo.rollout.base import SamplingParams
+from grpo.rollout.base import SamplingParams, stop_token_ids
 from grpo.rollout.engines import make_engine
-from grpo.rollout.base import stop_token_ids
-from grpo.rollout import native
 from grpo.rollout.native import NativeEngine
 
 QUESTIONS = [
@@ -224,7 +223,7 @@ def test_auto_falls_back_to_native_without_vllm(tiny_model_dir, monkeypatch):
     assert isinstance(engine, NativeEngine) and engine.batch_size == 2
 
 
-def test_engine_built_for_an_adapter_loads_the_base_once(tiny_model_dir, tokenizer, prompts, tmp_path, monkeypatch):
+def test_engine_built_for_an_adapter_loads_the_base_once(tiny_model_dir, tokenizer, prompts, tmp_path, caplog):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     settings = LoraSettings(r=4, alpha=8, targets=("q_proj", "v_proj"))
     inject_lora(model, targets=list(settings.targets), r=settings.r, alpha=settings.alpha)
@@ -235,10 +234,9 @@ def test_engine_built_for_an_adapter_loads_the_base_once(tiny_model_dir, tokeniz
     params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
     expected = [g[0].token_ids for g in NativeEngine(model.eval(), tokenizer, batch_size=4).generate(prompts, params)]
 
-    loads = []
-    real_load = native.load_policy_model
-    monkeypatch.setattr(native, "load_policy_model", lambda *a, **k: loads.append(a) or real_load(*a, **k))
-    engine = make_engine("native", model_dir=tiny_model_dir, dtype="float32", batch_size=4, adapter_dir=adapter)
-    assert [g[0].token_ids for g in engine.generate(prompts, params, adapter_dir=adapter)] == expected
+    with caplog.at_level(logging.INFO, logger="grpo.model.loading"):  # the loader logs each load
+        engine = make_engine("native", model_dir=tiny_model_dir, dtype="float32", batch_size=4, adapter_dir=adapter)
+        assert [g[0].token_ids for g in engine.generate(prompts, params, adapter_dir=adapter)] == expected
+    loads = [r for r in caplog.records if r.name == "grpo.model.loading" and r.getMessage().startswith("loaded ")]
     assert len(loads) == 1
     engine.close()

@@ -9,7 +9,6 @@ from safetensors.torch import load_file
 
 from grpo.config import parse_section
 from grpo.prompts import PromptStyle
-from grpo.train import loop as loop_module
 from grpo.train.loop import Trainer, TrainPaths, fingerprint
 from grpo.train.parts import build_parts
 from grpo.verify.rewards import REWARD_FUNCTIONS, RewardResult
@@ -35,41 +34,43 @@ def params(**overrides):
     return dataclasses.replace(base, rewards={"digit_share": 1.0}, **overrides)
 
 
-def run(tmp_path, tiny_model_dir, p, name: str) -> Trainer:
+def run(tmp_path, tiny_model_dir, p, name: str, trainer_class: type[Trainer] = Trainer) -> Trainer:
     paths = TrainPaths(tiny_model_dir, tmp_path / name / "checkpoints", tmp_path / name / "final",
                        tmp_path / name / "metrics", tmp_path / name / "logs" / "train.json")
     parts = build_parts(p, STYLE, paths.base_model, paths.live, paths.measured, [row["id"] for row in ROWS], None,
                         reward_functions={**REWARD_FUNCTIONS, "digit_share": digit_share})
-    trainer = Trainer(p, STYLE, paths, ROWS, ROWS[:2], parts, fingerprint(p, STYLE, []))
+    trainer = trainer_class(p, STYLE, paths, ROWS, ROWS[:2], parts, fingerprint(p, STYLE, []))
     trainer.run()
     return trainer
 
 
-def kill_at_step(monkeypatch, step: int) -> None:
-    """Make the loop's ``step``-th call of grpo_step raise, like a kill after the previous checkpoint."""
-    real_step = loop_module.grpo_step
-    calls = {"n": 0}
+def killed_at(step: int) -> type[Trainer]:
+    """A Trainer whose ``step``-th step (counted in this run) raises, like a kill after the previous
+    checkpoint."""
 
-    def crashing(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == step:
-            raise KeyboardInterrupt(f"simulated kill at step {step}")
-        return real_step(*args, **kwargs)
+    class Killed(Trainer):
+        calls = 0
 
-    monkeypatch.setattr(loop_module, "grpo_step", crashing)
+        def train_step(self, prompts):
+            self.calls += 1
+            if self.calls == step:
+                raise KeyboardInterrupt(f"simulated kill at step {step}")
+            return super().train_step(prompts)
+
+    return Killed
 
 
-def record_rollouts(monkeypatch) -> list[list[list[int]]]:
-    """Record the sampled token ids of every step's rollouts (one list per step), as the loop runs."""
-    real_step, steps = loop_module.grpo_step, []
+class RecordingTrainer(Trainer):
+    """Records the sampled token ids of every step's rollouts in ``rollouts`` (one list per step)."""
 
-    def recording(*args, **kwargs):
-        metrics, rollouts, reasons = real_step(*args, **kwargs)
-        steps.append([c.token_ids for c in rollouts.completions])
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rollouts: list[list[list[int]]] = []
+
+    def train_step(self, prompts):
+        metrics, rollouts, reasons = super().train_step(prompts)
+        self.rollouts.append([c.token_ids for c in rollouts.completions])
         return metrics, rollouts, reasons
-
-    monkeypatch.setattr(loop_module, "grpo_step", recording)
-    return steps
 
 
 def final_weights(tmp_path, name: str) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ from grpo.measured import is_measured
 from grpo.train.checkpoint import list_checkpoints
 from grpo.train.tracking import logged
 from grpo.trainlog import read_steps, read_summary, read_validation
-from tests.train.harness import final_weights, kill_at_step, params, run
+from tests.train.harness import final_weights, killed_at, params, run
 
 
 
@@ -71,12 +71,10 @@ def tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_resume_after_crash_gives_the_same_adapter_and_logs(tmp_path, tiny_model_dir, monkeypatch):
+def test_resume_after_crash_gives_the_same_adapter_and_logs(tmp_path, tiny_model_dir):
     run(tmp_path, tiny_model_dir, params(), "uninterrupted")
-    with monkeypatch.context() as patch:
-        kill_at_step(patch, 3)  # after the step-2 checkpoint
-        with pytest.raises(KeyboardInterrupt):
-            run(tmp_path, tiny_model_dir, params(), "resumed")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, tiny_model_dir, params(), "resumed", killed_at(3))  # after the step-2 checkpoint
     # DVCLive wrote each step as it finished, so `dvc exp show` / `dvc plots` follow a running experiment
     assert [row["step"] for row in read_steps(tmp_path / "resumed/metrics")] == [1, 2]
     assert read_summary(tmp_path / "resumed/metrics")["step"] == 2
