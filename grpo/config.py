@@ -20,6 +20,7 @@ from grpo.algo.choices import ADVANTAGE_SCALES, LOSS_TYPES
 from grpo.data.registry import EVAL, REGISTRY
 from grpo.prompts import STYLES
 from grpo.rollout.base import ENGINE_KINDS, GENERATION_BACKENDS
+from grpo.sent.curriculum import ORDER_KEYS
 from grpo.verify.rewards import REWARD_FUNCTIONS
 
 Check = Callable[[Any], str | None]  # returns what is allowed when the value is bad, else None
@@ -94,8 +95,8 @@ def subset_of(allowed: tuple[str, ...]) -> Check:
     return check
 
 
-# SENT curriculum orders (grpo/sent/curriculum.py ORDER_KEYS): learning signal first, or the seed engine's
-SENT_ORDERS = ("signal", "entropy")
+# SENT curriculum orders: learning signal first, or the seed engine's (grpo/sent/curriculum.py)
+SENT_ORDERS = tuple(ORDER_KEYS)
 
 # trackers that mirror the training log (DVCLive always writes it): grpo/train/tracking.py
 REPORT_TO = ("wandb",)

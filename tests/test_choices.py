@@ -18,6 +18,7 @@ from grpo.prompts import PromptStyle
 from grpo.rollout.base import ENGINE_KINDS, GENERATION_BACKENDS, SamplingParams
 from grpo.rollout.engines import resolve_engine_kind
 from grpo.rollout.native import NativeEngine
+from grpo.sent.curriculum import ORDER_KEYS, order_easy_to_hard
 from grpo.train.parts import build_parts
 from grpo.verify.rewards import REWARD_FUNCTIONS, compute_rewards
 
@@ -96,6 +97,15 @@ def test_each_generation_backend_decodes(tiny_model_dir):
         outputs[backend] = [c.token_ids for c in group]
     # auto is generate on a CPU; the static decoder samples the same keyed tokens (tests/rollout)
     assert outputs["auto"] == outputs["hf"] and all(len(ids) for ids in outputs["static"])
+
+
+def test_each_sent_order_ranks_differently():
+    scores = [{"id": "sure", "entropy": 0.0, "pass_rate": 1.0}, {"id": "mixed", "entropy": 1.0, "pass_rate": 0.5}]
+    orders = set()
+    for order in ORDER_KEYS:
+        accepted("sent", "order", order)
+        orders.add(tuple(order_easy_to_hard(scores, seed=0, order=order)))
+    assert len(orders) == len(ORDER_KEYS)
 
 
 def test_each_dataset_and_benchmark_is_in_the_registry():
