@@ -46,9 +46,8 @@ CASES = [
 
 def decode_rate(case: tuple, input_ids: torch.Tensor, attention_mask: torch.Tensor, new_tokens: int) -> float:
     label, quantization, dtype, attention, dense, lora = case
-    loading.attention_implementation = lambda device: attention  # the loader's one CPU choice, swapped
     model = loading.load_policy_model(MODEL, quantization=quantization, compute_dtype=dtype, device="cpu",
-                                      gradient_checkpointing=False)
+                                      gradient_checkpointing=False, attention=attention)  # the CPU choice, varied
     if lora:
         inject_lora(model, targets=["q_proj", "k_proj", "v_proj", "o_proj"], r=16, alpha=32)
     model.eval()

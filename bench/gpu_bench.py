@@ -227,26 +227,19 @@ def run_step() -> None:
 def step_run(backend: str, model_dir: Path, style, rows: list[dict], res: dict) -> None:
     """Two GRPO steps (the first compiles) of a fresh Trainer with log-prob backend ``backend``."""
     from grpo.train.loop import TrainPaths, Trainer
+    from grpo.train.parts import build_parts
     from grpo.train.step import grpo_step
 
     params = preset_params(backend)
     tmp = Path(f"/tmp/bench_train_{backend}")
     paths = TrainPaths(model_dir, tmp / "ckpt", tmp / "final", tmp / "metrics", tmp / "summary.json")
     torch.cuda.reset_peak_memory_stats()
-    trainer = Trainer(params, style, paths, rows, [], None, "bench")
+    parts = build_parts(params, style, paths.base_model, paths.live, paths.measured, [r["id"] for r in rows], None)
     loaded = torch.cuda.memory_allocated()
     log(res, f"{backend}_loaded_GiB", round(loaded / GIB, 2))
     phases: dict = {}
-    engine_generate = trainer.engine.generate
-
-    def generate(*args, **kwargs):
-        torch.cuda.reset_peak_memory_stats()
-        out = engine_generate(*args, **kwargs)
-        phases["generate_peak_GiB"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
-        torch.cuda.reset_peak_memory_stats()
-        return out
-
-    trainer.engine.generate = generate
+    parts.engine = PeakMeasuredEngine(parts.engine, phases)  # a part of the bench's own: generation's peak
+    trainer = Trainer(params, style, paths, rows, [], parts, "bench")
     steps = []
     for step in range(2):  # step 0 also compiles the decode step (and Triton kernels): not steady
         batch_rows = rows[step * params.prompts_per_step:(step + 1) * params.prompts_per_step]
@@ -263,22 +256,36 @@ def step_run(backend: str, model_dir: Path, style, rows: list[dict], res: dict) 
         steps.append(entry)
     log(res, f"{backend}_steady_s_per_step", steps[-1]["s"])
     log(res, f"{backend}_microbatch_4x896", microbatch_memory(trainer, loaded))
-    trainer.engine.close()
+    parts.engine.engine.close()
+
+
+class PeakMeasuredEngine:
+    """The trainer's engine, recording generation's CUDA peak in ``phases``."""
+
+    def __init__(self, engine, phases: dict) -> None:
+        self.engine, self.phases = engine, phases
+
+    def generate(self, *args, **kwargs):
+        torch.cuda.reset_peak_memory_stats()
+        out = self.engine.generate(*args, **kwargs)
+        self.phases["generate_peak_GiB"] = round(torch.cuda.max_memory_allocated() / GIB, 2)
+        torch.cuda.reset_peak_memory_stats()
+        return out
 
 
 def microbatch_memory(trainer, loaded: int) -> dict:
     """One training micro-batch of 4 × (128 + 768) tokens, forward + backward through the step's own
     log-prob path: peak above the memory held before it (the loaded model and what generation keeps)."""
-    from grpo.algo.loss import grpo_loss
+    from grpo.algo.objective import grpo_loss
     from grpo.rollout.base import Completion
-    from grpo.train.batch import build_batch
+    from grpo.train.step import build_batch
     from grpo.train.step import token_logprobs
 
     ctx = trainer.ctx
     resp = 64 if QUICK else 768
     comps = [Completion(list(range(1000 + i, 1000 + i + PROMPT)), list(range(5000 + i, 5000 + i + resp)), "", "length")
              for i in range(4)]
-    batch = build_batch(comps, V - 2).to(ctx.device)
+    batch = build_batch(comps, V - 2).to(ctx.parts.device)
     trainer.model.train()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_allocated()
@@ -286,7 +293,7 @@ def microbatch_memory(trainer, loaded: int) -> dict:
 
     def step():
         lp, ent = token_logprobs(ctx, batch, entropy=True)
-        out = grpo_loss(lp, None, torch.randn(4, device=ctx.device), batch.response_mask, loss_type="dapo",
+        out = grpo_loss(lp, None, torch.randn(4, device=ctx.parts.device), batch.response_mask, loss_type="dapo",
                         epsilon_low=0.2, epsilon_high=0.28, delta=None, beta=0.0, ref_logprobs=None,
                         max_completion_length=resp, num_items_in_batch=float(batch.response_mask.sum()),
                         entropy_keep_mask=None)
@@ -294,7 +301,7 @@ def microbatch_memory(trainer, loaded: int) -> dict:
 
     _, seconds = timed(step)
     peak = torch.cuda.max_memory_allocated()
-    ctx.optimizer.zero_grad(set_to_none=True)
+    ctx.parts.optimizer.zero_grad(set_to_none=True)
     return {"peak_above_held_GiB": round((peak - before) / GIB, 2), "held_GiB": round(before / GIB, 2),
             "loaded_model_GiB": round(loaded / GIB, 2), "peak_above_loaded_GiB": round((peak - loaded) / GIB, 2),
             "s": round(seconds, 3)}

@@ -29,7 +29,8 @@ from grpo.data.loading import load_dataset_rows  # noqa: E402
 from grpo.hardware import describe_cpu  # noqa: E402
 from grpo.model.loading import load_tokenizer  # noqa: E402
 from grpo.prompts import PromptStyle  # noqa: E402
-from grpo.rollout.base import SamplingParams, make_engine  # noqa: E402
+from grpo.rollout.base import SamplingParams  # noqa: E402
+from grpo.rollout.engines import make_engine  # noqa: E402
 from grpo.sent.scoring import max_sequence_length, score_questions  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "sent_throughput.json"
@@ -37,7 +38,7 @@ RESULTS = ROOT / "bench" / "results" / "sent_throughput.json"
 
 def bench_engine(kind: str, model_dir: Path, rows: list[dict], sent: SentParams, prompt: PromptParams,
                  batch_size: int) -> dict:
-    style = PromptStyle(prompt.style, prompt.system_prompt, prompt.prefill)
+    style = PromptStyle.from_params(prompt)
     sampling = SamplingParams(n=sent.M, temperature=sent.temperature, top_p=sent.top_p, top_k=sent.top_k,
                               max_new_tokens=sent.max_new_tokens, seed=sent.seed)
     tokenizer = load_tokenizer(model_dir)
@@ -111,5 +112,5 @@ def main() -> None:
         print("| " + " | ".join(str(r[c]) for c in cols) + " |")
 
 
-if __name__ == "__main__":  # vLLM's CPU engine needs the guard (DESIGN.md)
+if __name__ == "__main__":  # vLLM's CPU engine starts worker processes by spawn, which re-import this script
     main()

@@ -28,6 +28,7 @@ from grpo.hardware import describe_cpu  # noqa: E402
 from grpo.io import read_jsonl  # noqa: E402
 from grpo.prompts import PromptStyle  # noqa: E402
 from grpo.train.loop import Trainer, TrainPaths  # noqa: E402
+from grpo.train.parts import build_parts  # noqa: E402
 
 # name -> train params changed from params.yaml
 CASES = {
@@ -50,7 +51,8 @@ def run_case(name: str, steps: int, params, style: PromptStyle, rows: list[dict]
         paths = TrainPaths(base_model=ROOT / "models" / "base", checkpoints=tmp / "ckpt", final=tmp / "final",
                            live=tmp / "metrics", measured=tmp / "logs" / "train.json")
         t0 = time.perf_counter()
-        trainer = Trainer(p, style, paths, rows, rows[:1], None, f"bench-{name}")
+        parts = build_parts(p, style, paths.base_model, paths.live, paths.measured, [r["id"] for r in rows], None)
+        trainer = Trainer(p, style, paths, rows, rows[:1], parts, f"bench-{name}")
         trainer.run()
         total = time.perf_counter() - t0
         # each step's results with its timings (measured figures, which the history does not hold)
@@ -71,7 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params(ROOT / "params.yaml", ["train", "prompt"])
     pr = params["prompt"]
-    style = PromptStyle(pr.style, pr.system_prompt, pr.prefill)
+    style = PromptStyle.from_params(pr)
     rows = read_jsonl(ROOT / "data" / "prepared" / "train.jsonl")
     results = [run_case(name, args.steps, params["train"], style, rows) for name in args.cases]
     record = {"machine": describe_cpu(), "command": "python " + " ".join(sys.argv), "results": results}

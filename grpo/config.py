@@ -16,6 +16,13 @@ from typing import Any, Callable
 
 import yaml
 
+from grpo.algo.choices import ADVANTAGE_SCALES, LOSS_TYPES
+from grpo.data.registry import EVAL, REGISTRY
+from grpo.prompts import STYLES
+from grpo.rollout.base import ENGINE_KINDS, GENERATION_BACKENDS
+from grpo.sent.curriculum import ORDER_KEYS
+from grpo.verify.rewards import REWARD_FUNCTIONS
+
 Check = Callable[[Any], str | None]  # returns what is allowed when the value is bad, else None
 
 
@@ -72,14 +79,12 @@ def non_empty(v: Any) -> str | None:
     return None if len(v) > 0 else "a non-empty list"
 
 
-DATASETS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23", "arith", "dapo_math_17k", "deepscaler",
-            "open_rs")
-BENCHMARKS = ("gsm8k", "gsm_plus", "math500", "aime24", "aime25", "amc23", "arith")
+# Every list of choices comes from the place that implements the choices, so a new dataset, reward,
+# loss type or engine is allowed here as soon as it exists there (docs/ARCHITECTURE.md).
+DATASETS = tuple(REGISTRY)
+BENCHMARKS = tuple(name for name, spec in REGISTRY.items() if EVAL in spec.splits)
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-REWARDS = (
-    "correctness", "correctness_strict", "r1_format", "tagged_format_strict", "tagged_format_soft",
-    "integer_answer", "tag_count", "length_penalty", "overlong_penalty",
-)
+REWARDS = tuple(REWARD_FUNCTIONS)
 
 
 def subset_of(allowed: tuple[str, ...]) -> Check:
@@ -90,8 +95,8 @@ def subset_of(allowed: tuple[str, ...]) -> Check:
     return check
 
 
-# SENT curriculum orders (grpo/sent/curriculum.py ORDER_KEYS): learning signal first, or the seed engine's
-SENT_ORDERS = ("signal", "entropy")
+# SENT curriculum orders: learning signal first, or the seed engine's (grpo/sent/curriculum.py)
+SENT_ORDERS = tuple(ORDER_KEYS)
 
 # trackers that mirror the training log (DVCLive always writes it): grpo/train/tracking.py
 REPORT_TO = ("wandb",)
@@ -110,7 +115,7 @@ class ModelParams:
 
 @dataclass(frozen=True)
 class PromptParams:
-    style: str = _check(one_of("r1", "tagged"), default="tagged")
+    style: str = _check(one_of(*STYLES), default="tagged")
     system_prompt: str | None = None  # None: the style's default; "": no system turn
     prefill: str | None = None  # None: the style's default (<think>\n or <reasoning>\n)
 
@@ -131,7 +136,7 @@ class PrepareParams:
 @dataclass(frozen=True)
 class SentParams:
     enabled: bool = True
-    engine: str = _check(one_of("auto", "vllm", "native"), default="auto")
+    engine: str = _check(one_of(*ENGINE_KINDS), default="auto")
     dtype: str = _check(one_of(*DTYPES), default="auto")  # bf16 decodes ~1.5x faster on AVX512-BF16 CPUs
     M: int = _check(at_least(2), default=8)
     temperature: float = _check(positive, default=1.0)
@@ -190,13 +195,13 @@ class TrainParams:
     dense_generation: bool = True
     # native decoding: static KV cache + CUDA graphs (grpo/rollout/static_decode.py) or HF generate;
     # auto = static on CUDA, generate elsewhere. merge_lora folds LoRA into a dense copy of its layers.
-    generation_backend: str = _check(one_of("auto", "hf", "static"), default="auto")
+    generation_backend: str = _check(one_of(*GENERATION_BACKENDS), default="auto")
     generation_merge_lora: bool = True
     train_batch_size: int = _check(positive, default=8)  # sequences per training micro-batch
     rewards: dict[str, float] = _check(subset_of(REWARDS), default_factory=lambda: {"correctness": 2.0})
-    advantage_scale: str = _check(one_of("group", "batch", "none"), default="group")
+    advantage_scale: str = _check(one_of(*ADVANTAGE_SCALES), default="group")
     skip_zero_variance_groups: bool = False
-    loss_type: str = _check(one_of("grpo", "bnpo", "dr_grpo", "dapo"), default="dapo")
+    loss_type: str = _check(one_of(*LOSS_TYPES), default="dapo")
     epsilon_low: float = _check(non_negative, default=0.2)
     epsilon_high: float = _check(non_negative, default=0.28)
     delta: float | None = _check(optional(lambda v: None if v > 1 else "a number > 1"), default=None)
@@ -244,7 +249,7 @@ class ProtocolParams:
 
 @dataclass(frozen=True)
 class EvaluateParams:
-    engine: str = _check(one_of("auto", "vllm", "native"), default="auto")
+    engine: str = _check(one_of(*ENGINE_KINDS), default="auto")
     dtype: str = _check(one_of(*DTYPES), default="auto")
     batch_size: int = _check(positive, default=32)
     seed: int = 0

@@ -46,7 +46,7 @@ def prompt_style(params: Path) -> PromptStyle:
     if not params.is_file():
         return PromptStyle()
     p = load_params(params, ["prompt"])["prompt"]
-    return PromptStyle(p.style, p.system_prompt, p.prefill)
+    return PromptStyle.from_params(p)
 
 
 def generate(adapter: Path, prompt: str, *, base: str | None = None, style: PromptStyle = PromptStyle(),

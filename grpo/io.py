@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from grpo.faults import kill_point
+from grpo.fault_injection import kill_point
 
 FLOAT_DIGITS = 6
 
@@ -108,22 +108,37 @@ def read_json(path: Path | str) -> Any:
         raise ValueError(f"{path}: not valid JSON ({exc})") from None
 
 
+_REQUIRED = object()
+
+
+def parse_json(data: bytes, path: Path | str, line: int | None = None, *, blank: Any = _REQUIRED,
+               error: type[Exception] = ValueError) -> Any:
+    """The JSON value in UTF-8 ``data`` read from ``path``: one line of it (``line``, 1-based) or the
+    whole file (``line`` None: an error names the line it is on). Raises ``error`` naming the file and
+    line for invalid UTF-8 or invalid JSON; data holding only white space returns ``blank`` if given."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        at = line if line is not None else data.count(b"\n", 0, exc.start) + 1
+        raise error(f"{path}: line {at}: invalid UTF-8 ({exc.reason})") from None
+    if blank is not _REQUIRED and not text.strip():
+        return blank
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise error(f"{path}: line {line if line is not None else exc.lineno}: invalid JSON ({exc.msg})") from None
+
+
 def iter_jsonl(path: Path | str) -> Iterator[tuple[int, dict]]:
     """Yield ``(1-based line number, object)`` for each non-blank line of a JSON-lines file. Raises
     ValueError naming the file and line for invalid UTF-8, invalid JSON, or a non-object line."""
     path = Path(path)
+    skip = object()
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ValueError(f"{path}: line {lineno}: invalid UTF-8 ({exc.reason})") from None
-            if not line.strip():
+            row = parse_json(raw, path, lineno, blank=skip)
+            if row is skip:
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: line {lineno}: invalid JSON ({exc.msg})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{path}: line {lineno}: expected a JSON object, got {type(row).__name__}")
             yield lineno, row

@@ -42,7 +42,7 @@ def profiled(out: Path, cuda: bool, measured_steps: int) -> Iterator[None]:
     memory snapshot covers the whole run."""
     import torch
 
-    from grpo.train.memory import STEP_START_HOOKS
+    from grpo.microbatch import STEP_START_HOOKS
 
     out.mkdir(parents=True, exist_ok=True)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])

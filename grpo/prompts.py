@@ -5,7 +5,8 @@ Two styles:
   instruction goes in the user turn and the response is prefilled with ``<think>\\n``.
 - ``tagged``: the GSM8K GRPO recipe's ``<reasoning>``/``<answer>`` format, taught by a system prompt.
   The response is prefilled with ``<reasoning>\\n``: small models (SmolLM2-135M) almost never start the
-  format on their own, and with the prefill about half of the groups get reward variance (DESIGN.md).
+  format on their own, and with the prefill about half of the groups get reward variance
+  (docs/ARCHITECTURE.md, "Facts measured").
 
 The prefill is part of the prompt ids (the model is conditioned on it, never trained on it), and it is
 prepended to the completion text before rewards see it, so a format reward checks the whole response.
@@ -13,6 +14,10 @@ prepended to the completion text before rewards see it, so a format reward check
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from grpo.config import PromptParams
 
 R1_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 TAGGED_SYSTEM_PROMPT = (
@@ -29,6 +34,11 @@ class PromptStyle:
     style: str = "tagged"
     system_prompt: str | None = None
     prefill: str | None = None
+
+    @classmethod
+    def from_params(cls, params: PromptParams) -> PromptStyle:
+        """The style params.yaml's ``prompt`` section names (every stage builds it this way)."""
+        return cls(params.style, params.system_prompt, params.prefill)
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:

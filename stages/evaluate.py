@@ -22,7 +22,7 @@ def add_args(parser) -> None:
 def main(params, args) -> None:
     p, pr = params["evaluate"], params["prompt"]
     seed_everything(p.seed)
-    run_evaluation(args.model, args.benchmark, p, PromptStyle(pr.style, pr.system_prompt, pr.prefill))
+    run_evaluation(args.model, args.benchmark, p, PromptStyle.from_params(pr))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ from grpo.measured import SENT as MEASURED
 from grpo.measured import write_log
 from grpo.model.loading import load_tokenizer
 from grpo.prompts import PromptStyle
-from grpo.rollout.base import SamplingParams, make_engine, resolve_dtype_name, resolve_engine_kind
+from grpo.rollout.base import SamplingParams
+from grpo.rollout.engines import make_engine, resolve_dtype_name, resolve_engine_kind
 from grpo.sent.curriculum import build_curriculum
 from grpo.sent.outputs import measured_figures, write_disabled, write_outputs
 from grpo.sent.scoring import max_sequence_length, scorer_fingerprint, score_questions
@@ -39,7 +40,7 @@ def main(params, args) -> None:
     rows = read_jsonl(TRAIN)
     if not rows:
         raise ValueError(f"{TRAIN} has no questions to score")
-    style = PromptStyle(pr.style, pr.system_prompt, pr.prefill)
+    style = PromptStyle.from_params(pr)
     sampling = SamplingParams(n=s.M, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                               max_new_tokens=s.max_new_tokens, seed=s.seed)
     kind, dtype = resolve_engine_kind(s.engine), resolve_dtype_name(s.dtype)

@@ -15,6 +15,7 @@ from grpo.measured import TRAIN as MEASURED
 from grpo.prompts import PromptStyle
 from grpo.sent.curriculum import load_curriculum
 from grpo.train.loop import Trainer, TrainPaths, fingerprint
+from grpo.train.parts import build_parts
 from grpo.trainlog import LIVE_DIR
 
 PREPARED = Path("data/prepared")
@@ -25,7 +26,7 @@ PATHS = TrainPaths(base_model=Path("models/base"), checkpoints=Path("models/chec
 
 def main(params, args) -> None:
     p, pr = params["train"], params["prompt"]
-    style = PromptStyle(pr.style, pr.system_prompt, pr.prefill)
+    style = PromptStyle.from_params(pr)
     train_rows = read_jsonl(PREPARED / "train.jsonl")
     val_rows = read_jsonl(PREPARED / "val.jsonl")
     stages = None
@@ -34,7 +35,8 @@ def main(params, args) -> None:
     inputs = [PREPARED / "train.jsonl", PREPARED / "val.jsonl", PATHS.base_model / "MODEL_INFO.json"]
     if stages is not None:
         inputs.append(CURRICULUM)
-    trainer = Trainer(p, style, PATHS, train_rows, val_rows, stages, fingerprint(p, style, inputs))
+    parts = build_parts(p, style, PATHS.base_model, PATHS.live, PATHS.measured, [row["id"] for row in train_rows], stages)
+    trainer = Trainer(p, style, PATHS, train_rows, val_rows, parts, fingerprint(p, style, inputs))
     trainer.run()
 
 

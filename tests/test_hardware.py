@@ -9,7 +9,7 @@ import torch
 
 from grpo import hardware
 from grpo.model.loading import resolve_compute_dtype
-from grpo.rollout import base
+from grpo.rollout import engines
 
 
 def _in_subprocess(code: str, **env: str) -> dict:
@@ -24,7 +24,7 @@ def test_imitated_avx2_host_has_no_native_bf16_and_auto_is_fp32():
     # How a developer imitates an AVX2-only host on an AVX512 one: torch's kernels must really drop to
     # AVX2, and every auto dtype must follow.
     facts = _in_subprocess(
-        "import json, torch; from grpo import hardware; from grpo.rollout.base import resolve_dtype_name; "
+        "import json, torch; from grpo import hardware; from grpo.rollout.engines import resolve_dtype_name; "
         "print(json.dumps({'capability': torch.backends.cpu.get_cpu_capability(), "
         "'bf16': hardware.cpu_native_bf16(), 'dtype': resolve_dtype_name('auto'), "
         "'compute': str(hardware.cpu_compute_dtype())}))",
@@ -44,7 +44,7 @@ def avx512_bf16_host(monkeypatch):
 def test_native_bf16_needs_the_flag_torch_kernels_and_onednn(avx512_bf16_host, monkeypatch):
     assert hardware.cpu_native_bf16()
     assert resolve_compute_dtype("auto", torch.device("cpu")) == torch.bfloat16
-    assert base.resolve_dtype_name("auto") == ("auto" if torch.cuda.is_available() else "bfloat16")
+    assert engines.resolve_dtype_name("auto") == ("auto" if torch.cuda.is_available() else "bfloat16")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     assert not hardware.cpu_native_bf16()
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core_bf16")
@@ -58,7 +58,7 @@ def test_native_bf16_needs_the_flag_torch_kernels_and_onednn(avx512_bf16_host, m
 
 
 def test_explicit_dtypes_are_kept():
-    assert base.resolve_dtype_name("bfloat16") == "bfloat16"
+    assert engines.resolve_dtype_name("bfloat16") == "bfloat16"
     assert resolve_compute_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
 
 
@@ -73,11 +73,11 @@ def test_this_host_is_described_with_its_real_flags():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU rule")
 def test_engine_auto_serves_adapters_natively_on_cpu(monkeypatch):
     # vllm_importable stands in for the 15 s vLLM import (tests/rollout/test_vllm_engine.py imports it for real)
-    monkeypatch.setattr(base, "vllm_importable", lambda: True)
-    assert base.resolve_engine_kind("auto") == "vllm"
-    assert base.resolve_engine_kind("auto", serves_adapters=True) == "native"
-    assert base.resolve_engine_kind("vllm", serves_adapters=True) == "vllm"
-    monkeypatch.setattr(base, "vllm_importable", lambda: False)
-    assert base.resolve_engine_kind("auto") == "native"
+    monkeypatch.setattr(engines, "vllm_importable", lambda: True)
+    assert engines.resolve_engine_kind("auto") == "vllm"
+    assert engines.resolve_engine_kind("auto", serves_adapters=True) == "native"
+    assert engines.resolve_engine_kind("vllm", serves_adapters=True) == "vllm"
+    monkeypatch.setattr(engines, "vllm_importable", lambda: False)
+    assert engines.resolve_engine_kind("auto") == "native"
     with pytest.raises(ValueError, match="auto, vllm or native"):
-        base.resolve_engine_kind("sglang")
+        engines.resolve_engine_kind("sglang")

@@ -13,13 +13,14 @@ import torch
 import yaml
 
 from grpo.infer import resolve_base
-from grpo.model.adapter import LoraSettings, merge_and_export, save_adapter
+from grpo.model.adapter import LoraSettings, save_adapter
 from grpo.model.loading import load_tokenizer
 from grpo.model.lora import inject_lora, lora_modules
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout.base import SamplingParams
 from grpo.rollout.native import NativeEngine
 from tests.conftest import ROOT
+from tests.model.merge import merge_and_export
 
 QUESTION = "What is 15 + 27?"
 TOKENS = 12

@@ -22,8 +22,14 @@ def test_dvc_yaml_code_deps_are_each_stages_import_closure():
 
 def test_the_readme_commands_print_and_check_the_deps():
     printed = run("python -m grpo.lineage", ROOT).stdout
-    assert ("eval_summary:\n  - stages/eval_summary.py\n  - grpo/cli.py\n  - grpo/config.py\n  - grpo/distributed.py\n"
-            "  - grpo/eval/summary.py\n  - grpo/faults.py\n  - grpo/io.py\n  - grpo/launch.py\n  - grpo/slots.py\n"
+    # grpo/config.py validates choices against the places that name them (the objective's variants, data
+    # registry, prompt styles, rollout interface, SENT orders, rewards), so every stage that reads params
+    # depends on them
+    assert ("eval_summary:\n  - stages/eval_summary.py\n  - grpo/algo/choices.py\n"
+            "  - grpo/cli.py\n  - grpo/config.py\n  - grpo/data/answers.py\n  - grpo/data/errors.py\n"
+            "  - grpo/data/registry.py\n  - grpo/data/synthetic.py\n  - grpo/distributed.py\n  - grpo/eval/summary.py\n"
+            "  - grpo/fault_injection.py\n  - grpo/io.py\n  - grpo/launch.py\n  - grpo/prompts.py\n"
+            "  - grpo/rollout/base.py\n  - grpo/sent/curriculum.py\n  - grpo/slots.py\n  - grpo/verify\n"
             "report:\n") in printed
     assert run("python -m grpo.lineage --check", ROOT).stdout == ""
 

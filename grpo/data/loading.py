@@ -11,7 +11,6 @@ answers that do not parse are counted and skipped, because a few odd rows are no
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections.abc import Iterator
@@ -21,7 +20,7 @@ from typing import Any
 
 from grpo.data.errors import DataError
 from grpo.data.registry import DatasetSpec, SplitSource, get_spec
-from grpo.io import iter_jsonl
+from grpo.io import iter_jsonl, parse_json
 
 log = logging.getLogger(__name__)
 
@@ -176,16 +175,7 @@ def read_records(path: Path) -> Iterator[tuple[str, dict]]:
 
 
 def _read_json_array(path: Path) -> list:
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise DataError(f"{path}: line {line}: invalid UTF-8 ({exc.reason})") from None
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise DataError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from None
+    value = parse_json(path.read_bytes(), path, error=DataError)
     if not isinstance(value, list):
         raise DataError(f"{path}: expected a JSON array of objects, got {type(value).__name__}")
     return value

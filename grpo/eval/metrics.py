@@ -103,9 +103,13 @@ def majority_index(cluster_ids: Sequence[int | None], k: int) -> int | None:
     return first[winner]
 
 
-def maj_at_k(samples: Sequence[SampleResult], k: int, equivalent: Equivalent) -> bool:
-    """Whether the majority answer of the first k samples is correct."""
-    index = majority_index(cluster_answers([s.answer for s in samples], equivalent), k)
+def maj_at_k(samples: Sequence[SampleResult], k: int, equivalent: Equivalent,
+             cluster_ids: list[int | None] | None = None) -> bool:
+    """Whether the majority answer of the first k samples is correct; ``cluster_ids`` (from
+    ``cluster_answers``) saves clustering again when one question is voted at several k."""
+    if cluster_ids is None:
+        cluster_ids = cluster_answers([s.answer for s in samples], equivalent)
+    index = majority_index(cluster_ids, k)
     return index is not None and samples[index].correct
 
 
@@ -133,8 +137,7 @@ def summarize(groups: Sequence[Sequence[SampleResult]], *, equivalent: Equivalen
     if n >= 2:
         ids = [cluster_answers([s.answer for s in g], equivalent) for g in groups]
         for k in k_values(n)[1:]:
-            votes = [majority_index(cids, k) for cids in ids]
-            metrics[f"maj@{k}"] = sum(i is not None and g[i].correct for g, i in zip(groups, votes)) / len(groups)
+            metrics[f"maj@{k}"] = sum(maj_at_k(g, k, equivalent, cids) for g, cids in zip(groups, ids)) / len(groups)
     total_tokens = sum(s.length for s in samples)
     metrics.update(
         answer_rate=sum(s.answer is not None for s in samples) / len(samples),

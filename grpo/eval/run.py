@@ -26,12 +26,12 @@ from grpo import distributed
 from grpo.config import EvaluateParams, ProtocolParams
 from grpo.eval.metrics import SampleResult, summarize
 from grpo.eval.summary import MODELS
-from grpo.faults import kill_point
+from grpo.fault_injection import kill_point
 from grpo.io import atomic_write_json, read_jsonl, write_jsonl
 from grpo.measured import eval_log, write_log
 from grpo.prompts import PromptStyle, build_prompt, full_response
-from grpo.rollout import GenerationEngine, SamplingParams, make_engine
-from grpo.rollout.base import resolve_engine_kind
+from grpo.rollout.base import GenerationEngine, SamplingParams
+from grpo.rollout.engines import make_engine, resolve_engine_kind
 from grpo.verify import Verdict, answers_equivalent, extract_answer, judge
 
 log = logging.getLogger(__name__)

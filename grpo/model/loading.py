@@ -89,6 +89,7 @@ def load_policy_model(
     compute_dtype: str = "auto",
     device: str = "auto",
     gradient_checkpointing: bool = True,
+    attention: str | None = None,
 ) -> PreTrainedModel:
     """Load the frozen base for LoRA training: nf4 4-bit (QLoRA) or unquantised in the compute dtype.
 
@@ -96,13 +97,14 @@ def load_policy_model(
     KV cache (``generate`` still caches: it asks for the cache itself). Gradient checkpointing, when on,
     only acts in ``model.train()`` mode (HF checks ``self.training``), so run training forwards in
     train mode; with LoRA dropout 0 and Qwen/Llama attention dropout 0, train mode changes nothing else.
+    ``attention`` is transformers' ``attn_implementation``; None: ``attention_implementation``'s choice.
     """
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization={quantization!r}: expected one of {QUANTIZATIONS}")
     torch_device = resolve_device(device)
     dtype = resolve_compute_dtype(compute_dtype, torch_device)
     kwargs: dict = {"dtype": dtype, "device_map": {"": str(torch_device)},
-                    "attn_implementation": attention_implementation(torch_device)}
+                    "attn_implementation": attention or attention_implementation(torch_device)}
     if quantization == "nf4":
         from transformers import BitsAndBytesConfig
 
@@ -130,7 +132,8 @@ def disable_cpu_weight_repacking(model: torch.nn.Module) -> int:
     bitsandbytes 0.50.2 repacks a ``Linear4bit`` weight in place on its first CPU forward in eval mode
     without grad (every ``generate()``); afterwards the layer's training forward no longer passes
     gradients back to its input, so LoRA parameters below it silently get ``grad=None``
-    (DESIGN.md, "Facts measured"; ``tests/model/test_loading.py`` keeps the regression test).
+    (docs/ARCHITECTURE.md, "Facts measured"; ``tests/model/test_model_loading.py`` keeps the regression
+    test).
     """
     import bitsandbytes as bnb
 

@@ -9,7 +9,7 @@ The LoRA branch always runs in fp32 with fp32 parameters, whatever the base comp
 then keeps fp32 state and small updates are not rounded away in bf16.
 
 Adapters stay unmerged while training: the base may be 4-bit, and ``lora_disabled`` needs the bare base
-(the KL reference). ``merge_lora_`` folds adapters into unquantised weights for export only.
+(the KL reference).
 """
 from __future__ import annotations
 
@@ -183,22 +183,3 @@ def load_lora_state_dict(model: nn.Module, sd: dict[str, torch.Tensor]) -> None:
     with torch.no_grad():
         for key, param in params.items():
             param.copy_(sd[key])
-
-
-def merge_lora_(model: nn.Module) -> nn.Module:
-    """Fold every adapter into its base weight and put the plain ``nn.Linear`` back (for export only).
-
-    Needs an unquantised base: merging into 4-bit weights would re-quantise and lose the update.
-    """
-    for name, m in lora_modules(model).items():
-        base = m.base
-        if type(base) is not nn.Linear:
-            raise ValueError(
-                f"merge_lora_: {name} wraps a {type(base).__name__}; merge into an unquantised base "
-                "(load it with quantization='none', as merge_and_export does)"
-            )
-        with torch.no_grad():
-            merged = base.weight.float() + m.delta_weight().to(base.weight.device)
-            base.weight.copy_(merged.to(base.weight.dtype))
-        _set_submodule(model, name, base)
-    return model

@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 
 from grpo.config import SECTIONS, to_dict
+from grpo.eval.summary import MODELS  # the evaluated models, also the column order of every comparison
 from grpo.io import read_json, read_jsonl
 from grpo.measured import SENT as SENT_LOG
 from grpo.measured import TRAIN as TRAIN_LOG
@@ -32,7 +33,6 @@ from grpo.measured import eval_log, read_log
 from grpo.trainlog import LIVE_DIR, read_steps, read_summary, read_validation
 
 MISSING = "—"  # a table cell whose input is absent
-MODELS = ("base", "final", "best")  # column order of every model comparison
 PASS1, PASS1_STDERR = "pass@1", "pass@1_stderr"  # metrics/eval.json keys (grpo/eval/metrics.py)
 
 

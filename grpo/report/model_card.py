@@ -65,7 +65,7 @@ def _training_table(inp: ReportInputs) -> Table:
 
 def _usage(inp: ReportInputs, base: str) -> list[Block]:
     pr, t = inp.params["prompt"], inp.params["train"]
-    style = PromptStyle(pr.style, pr.system_prompt, pr.prefill)
+    style = PromptStyle.from_params(pr)
     system = style.resolved_system_prompt
     py = json.dumps  # a JSON string literal is a valid Python one, with the snippet's double quotes
     system_msg = f'{{"role": "system", "content": {py(system)}}}, ' if system else ""

@@ -1,6 +1,4 @@
-"""Generation engines behind one interface (``GenerationEngine``): native transformers and vLLM.
+"""Generation engines behind one interface (grpo/rollout/base.py, ``GenerationEngine``): native
+transformers (native.py) and vLLM (vllm_engine.py), built by ``make_engine`` (engines.py).
 
-vLLM is imported only when a VLLMEngine is built, so this package imports without it."""
-from grpo.rollout.base import Completion, GenerationEngine, SamplingParams, make_engine
-
-__all__ = ["Completion", "GenerationEngine", "SamplingParams", "make_engine"]
+No re-exports: importing the interface does not import the engines."""

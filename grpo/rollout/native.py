@@ -5,7 +5,7 @@ from the current weights with no export or reload. SENT and evaluation can use i
 ``NativeEngine.from_pretrained`` when vLLM is not installed.
 
 Batches are left-padded; transformers 5.17 derives position ids from the attention mask
-(``cumsum - 1``), the same positions grpo.train.batch gives the scoring pass (tested in
+(``cumsum - 1``), the same positions grpo.train.step gives the scoring pass (tested in
 tests/rollout/test_native_engine.py).
 
 ``backend="static"`` decodes with grpo.rollout.static_decode (static KV cache, continuous batching,
@@ -36,13 +36,14 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from grpo.model.loading import disable_cpu_weight_repacking, load_policy_model, load_tokenizer
 from grpo.model.lora import lora_modules
-from grpo.rollout.base import Completion, SamplingParams, encode_prompts, make_completion, stop_token_ids
+from grpo.rollout.base import (GENERATION_BACKENDS, Completion, SamplingParams, encode_prompts, make_completion,
+                               stop_token_ids)
 from grpo.rollout.budget import slots_for_model
 from grpo.rollout.sampling import keyed_scores, row_keys
 from grpo.rollout.static_decode import StaticDecoder, supports
-from grpo.train.memory import AdaptiveBatchSize, FaultHook, free_memory
+from grpo.fault_injection import FaultHook
+from grpo.microbatch import AdaptiveBatchSize, free_memory
 
-BACKENDS = ("auto", "hf", "static")
 GENERATION_ADVICE = "lower max_new_tokens (or the prompts' length), or use a smaller model."
 
 log = logging.getLogger(__name__)
@@ -53,19 +54,21 @@ class NativeEngine:
     count n): ``generate`` decodes them in batches, the static decoder in as many slots.
 
     ``size`` adapts the rows in flight to out-of-memory errors across calls, as the trainer's
-    micro-batches do (grpo.train.memory; the trainer passes its own ``size`` and ``fault_hook`` so
+    micro-batches do (grpo.microbatch; the trainer passes its own ``size`` and ``fault_hook`` so
     that its checkpoints and metrics carry them). ``max_slots_for(prompt_tokens, params)``, when
     given, caps the rows in flight for a memory budget (grpo.memory_plan's formula and the free memory;
     on a GPU grpo/rollout/budget.py's by default): ``prompt_tokens`` is a call's longest prompt,
-    ``params`` its sampling."""
+    ``params`` its sampling. ``decoder``, when given, is the static decoder to use (the tests' small
+    buckets); by default one is built over ``model`` on first use."""
 
     def __init__(self, model, tokenizer, *, batch_size: int, backend: str = "auto", merge_lora: bool = True,
                  release_dense: bool = True, size: AdaptiveBatchSize | None = None,
-                 fault_hook: FaultHook | None = None, max_slots_for: Callable[[int, SamplingParams], int] | None = None) -> None:
+                 fault_hook: FaultHook | None = None, max_slots_for: Callable[[int, SamplingParams], int] | None = None,
+                 decoder: StaticDecoder | None = None) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend not in GENERATION_BACKENDS:
+            raise ValueError(f"backend must be one of {GENERATION_BACKENDS}, got {backend!r}")
         self.batch_size = batch_size
         self.size = size or AdaptiveBatchSize("generate", batch_size, advice=GENERATION_ADVICE)
         self.hook = fault_hook or FaultHook()
@@ -74,7 +77,7 @@ class NativeEngine:
         # release_dense: the static decoder frees its dense weight copies after each generate() call,
         # so training does not carry them (measured in bench/RESULTS.md, GPU section)
         self.backend, self.merge_lora, self.release_dense = backend, merge_lora, release_dense
-        self._decoder: StaticDecoder | None = None
+        self._decoder: StaticDecoder | None = decoder
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stop_ids[0]

@@ -4,8 +4,8 @@ fixed buffers, and on CUDA that step captured as CUDA graphs.
 
 Why not ``model.generate``: at the R1-Distill-1.5B shape HF launches well over a thousand small
 kernels a decode step from Python, so a step costs tens of milliseconds whatever the batch
-(DESIGN.md: nf4 generate reaches 317 tok/s at batch 64, 0.3% of the bandwidth floor). Here the whole
-step (28 layers, LM head, temperature / top-k / top-p, sampling, stop bookkeeping) is one graph
+(nf4 generate reaches 317 tok/s at batch 64, 0.3% of the bandwidth floor: docs/ARCHITECTURE.md,
+"Facts measured"). Here the whole step (28 layers, LM head, temperature / top-k / top-p, sampling, stop bookkeeping) is one graph
 replay; the host syncs only every ``sync_every`` steps, or when a row reaches its length limit.
 Inside the graph the kernels still run one after another, so on CUDA each layer's two halves are
 torch.compile'd to fuse the norm / RoPE / softmax / SwiGLU elementwise work (the first call compiles,

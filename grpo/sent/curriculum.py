@@ -55,7 +55,8 @@ def _signal_key(s: dict) -> tuple:
     return (2, round(_unanswered(s), 9), -round(s["entropy"], 9))
 
 
-ORDER_KEYS = {"signal": _signal_key, "entropy": _entropy_key}  # the names are config.SENT_ORDERS
+# params' sent.order names one of these (grpo/config.py validates against this dict)
+ORDER_KEYS = {"signal": _signal_key, "entropy": _entropy_key}
 
 
 def order_easy_to_hard(scores: Sequence[dict], seed: int, order: str = "signal") -> list[str]:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from grpo import distributed
-from grpo.faults import kill_point
+from grpo.fault_injection import kill_point
 from grpo.io import atomic_write_json, round_floats
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout.base import GenerationEngine, SamplingParams, encode_prompts

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from grpo.faults import kill_point
+from grpo.fault_injection import kill_point
 from grpo.io import atomic_dir
 
 log = logging.getLogger(__name__)

@@ -13,32 +13,23 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
 from grpo import distributed
-from grpo.cli import seed_everything
 from grpo.config import TrainParams, to_dict
-from grpo.faults import kill_point
+from grpo.fault_injection import kill_point
 from grpo.io import atomic_dir, write_jsonl
 from grpo.measured import split_measured
-from grpo.model.adapter import LoraSettings, save_adapter
-from grpo.model.dequant import dense_base
-from grpo.model.loading import load_policy_model, load_tokenizer, resolve_device
-from grpo.model.lora import inject_lora, load_lora_state_dict, lora_parameters
+from grpo.model.adapter import save_adapter
+from grpo.model.lora import load_lora_state_dict
 from grpo.prompts import PromptStyle
-from grpo.rollout.native import NativeEngine
-from grpo.sent.curriculum import CurriculumSampler, StageSchedule
 from grpo.train import checkpoint as ckpt
-from grpo.train import data_parallel
-from grpo.train.memory import AdaptiveBatchSize, FaultHook
-from grpo.train.step import StepContext, grpo_step
-from grpo.train.tracking import Tracker
+from grpo.train.parts import TrainerParts
+from grpo.train.step import Rollouts, StepContext, grpo_step
 from grpo.train.validation import validate
 
 log = logging.getLogger(__name__)
@@ -71,66 +62,19 @@ def fingerprint(params: TrainParams, style: PromptStyle, files: list[Path]) -> s
     return digest.hexdigest()[:16]
 
 
-def make_scheduler(optimizer: torch.optim.Optimizer, params: TrainParams) -> torch.optim.lr_scheduler.LambdaLR:
-    total = params.max_steps * params.num_iterations
-
-    def factor(update: int) -> float:
-        if update < params.warmup_steps:
-            return (update + 1) / params.warmup_steps
-        progress = (update - params.warmup_steps) / max(1, total - params.warmup_steps)
-        if params.lr_schedule == "cosine":
-            return 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-        if params.lr_schedule == "linear":
-            return max(0.0, 1 - progress)
-        return 1.0
-
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
 class Trainer:
     def __init__(self, params: TrainParams, style: PromptStyle, paths: TrainPaths, train_rows: list[dict],
-                 val_rows: list[dict], stages: list[list[str]] | None, run_fingerprint: str) -> None:
+                 val_rows: list[dict], parts: TrainerParts, run_fingerprint: str) -> None:
+        """``parts`` from ``build_parts`` (grpo/train/parts.py), built over ``train_rows``' ids."""
         self.params, self.style, self.paths = params, style, paths
         self.rows = {row["id"]: row for row in train_rows}
         self.val_rows = val_rows
         self.fingerprint = run_fingerprint
-        data_parallel.check_world(params)
-        # [data parallel] rank 0 logs; the other ranks' tracker does nothing
-        self.tracker = distributed.main_only(lambda: Tracker(
-            paths.live, paths.measured, params.report_to, {"train": to_dict(params), "prompt": style.__dict__},
-            paths.measured.parent / "wandb"))
-        seed_everything(params.seed)
-        self.device = resolve_device(params.device)
-        self.tokenizer = load_tokenizer(paths.base_model)
-        self.model = load_policy_model(paths.base_model, quantization=params.quantization,
-                                       compute_dtype=params.compute_dtype, device=params.device,
-                                       gradient_checkpointing=params.gradient_checkpointing)
-        lp = params.lora
-        self.lora = LoraSettings(r=lp.r, alpha=lp.alpha, dropout=lp.dropout, targets=list(lp.targets),
-                                 use_rslora=lp.rslora)
-        inject_lora(self.model, targets=list(lp.targets), r=lp.r, alpha=lp.alpha, dropout=lp.dropout,
-                    use_rslora=lp.rslora, seed=params.seed)
-        self.model.train()
-        self.lora_params = lora_parameters(self.model)
-        self.optimizer = torch.optim.AdamW(self.lora_params, lr=params.lr, weight_decay=params.weight_decay)
-        self.scheduler = make_scheduler(self.optimizer, params)
-        if stages is None:  # no SENT: one stage holding every question, order by the seeded sampler
-            stages = [sorted(self.rows)]
-        self.sampler = CurriculumSampler(stages, seed=params.seed)
-        self.schedule = StageSchedule(len(stages), params.max_steps, params.curriculum.advance,
-                                      params.curriculum.reward_threshold)
-        log.info("curriculum: %s", self.schedule.plan([len(stage) for stage in stages]))
-        self.sizes = {  # generate counts sequences in flight (the engine adapts it), score and train rows
-            "generate": AdaptiveBatchSize("generate", params.generation_batch_size),
-            "score": AdaptiveBatchSize("score", params.train_batch_size),
-            "train": AdaptiveBatchSize("train", params.train_batch_size),
-        }
-        hook = FaultHook()
-        self.engine = NativeEngine(self.model, self.tokenizer, batch_size=params.generation_batch_size,
-                                   backend=params.generation_backend, merge_lora=params.generation_merge_lora,
-                                   size=self.sizes["generate"], fault_hook=hook)
-        self.ctx = StepContext(self.model, self.tokenizer, self.engine, self.optimizer, self.scheduler, params,
-                               style, self.lora_params, self.sizes, hook, self.device)
+        self.parts = parts
+        self.tracker, self.model, self.engine = parts.tracker, parts.model, parts.engine
+        self.optimizer, self.scheduler, self.sizes = parts.optimizer, parts.scheduler, parts.sizes
+        self.sampler, self.schedule = parts.sampler, parts.schedule
+        self.ctx = StepContext(params, style, parts)
         self.history: list[dict] = []  # each step's results (no measured figures: checkpoints are outputs)
         self.validation: list[dict] = []
         self.samples: list[dict] = []  # logged completions, for samples.jsonl
@@ -138,7 +82,7 @@ class Trainer:
 
     # --- checkpoints -------------------------------------------------------------------------
     def _save_adapter(self, folder: Path) -> None:
-        save_adapter(self.model, folder, base_model_name_or_path=self._base_name(), lora_config=self.lora)
+        save_adapter(self.model, folder, base_model_name_or_path=self._base_name(), lora_config=self.parts.lora)
 
     def _base_name(self) -> str:
         info = self.paths.base_model / "MODEL_INFO.json"
@@ -202,7 +146,7 @@ class Trainer:
         while self.step < p.max_steps:
             stage = self.schedule.stage_for_step(self.step)
             ids = self.sampler.next_ids(p.prompts_per_step, stage)
-            step_metrics, rollouts, reasons = grpo_step(self.ctx, [self.rows[i] for i in ids], self.step)
+            step_metrics, rollouts, reasons = self.train_step([self.rows[i] for i in ids])
             kill_point("train.step")
             metrics, measured = split_measured(step_metrics)
             self.schedule.record_reward(metrics["reward_mean"])
@@ -224,11 +168,15 @@ class Trainer:
         bar.close()
         return self._finish()
 
+    def train_step(self, prompts: list[dict]) -> tuple[dict[str, float], Rollouts, list[dict]]:
+        """One GRPO step on ``prompts`` (grpo/train/step.py): (metrics, rollouts, reward reasons). A
+        subclass may wrap it, as the tests do to record rollouts or to stop a run at a chosen step."""
+        return grpo_step(self.ctx, prompts, self.step)
+
     def _validate(self) -> dict:
         p = self.params
-        with dense_base(self.model, p.dense_generation):
-            result = validate(self.engine, self.tokenizer, self.val_rows, self.style, max_new_tokens=p.val_max_new_tokens,
-                              n=p.val_samples, temperature=p.temperature, seed=p.seed)
+        result = validate(self.engine, self.parts.tokenizer, self.val_rows, self.style,
+                          max_new_tokens=p.val_max_new_tokens, n=p.val_samples, temperature=p.temperature, seed=p.seed)
         result.update(step=self.step, checkpoint=ckpt.checkpoint_name(self.step))
         self.validation.append(result)
         log.info("validation at step %d: accuracy %.3f, format %.3f", self.step, result["accuracy"],

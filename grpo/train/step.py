@@ -1,51 +1,39 @@
 """One GRPO step: rollouts → rewards → advantages → (scoring pass) → μ clipped policy updates.
 
-Read top to bottom, this file is the algorithm. Memory-heavy phases run through adaptive
-micro-batches (grpo.train.memory); the loss is normalised over the whole step so that the split into
-micro-batches never changes the gradient.
+Read top to bottom, this file is the algorithm, ending in ``grpo_step`` which calls the phases in
+order; its maths is grpo/algo/objective.py. It chooses nothing: the engine, the reward functions and
+the log-prob backend are parts built once from the params (grpo/train/parts.py). Memory-heavy phases
+loop over adaptive micro-batches (grpo/microbatch.py); the loss is normalised over the whole step so
+that the split into micro-batches never changes the gradient. docs/ARCHITECTURE.md traces one step.
 """
 from __future__ import annotations
 
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from grpo import distributed
-from grpo.algo.advantages import compute_advantages, skip_zero_variance
-from grpo.algo.entropy_mask import entropy_threshold, keep_mask_from_threshold
-from grpo.algo.logprobs import chunked_token_logprobs_and_entropy
-from grpo.algo.loss import grpo_loss, loss_normaliser
+from grpo.algo.objective import (compute_advantages, entropy_threshold, grpo_loss, keep_mask_from_threshold,
+                                 loss_normaliser, skip_zero_variance)
 from grpo.config import TrainParams
-from grpo.kernels.logprob_entropy import fused_supported, fused_token_logprobs_and_entropy
-from grpo.model.dequant import dense_base
+from grpo.microbatch import micro_batches, phase_peak_memory
 from grpo.model.lora import lora_disabled
 from grpo.prompts import PromptStyle, build_prompt, full_response
 from grpo.rollout.base import Completion, SamplingParams
-from grpo.rollout.native import NativeEngine
 from grpo.train import data_parallel
-from grpo.train.batch import TrainBatch, build_batch, response_hidden_states
-from grpo.train.memory import AdaptiveBatchSize, FaultHook, phase_peak_memory, run_in_micro_batches
+from grpo.train.parts import TrainerParts
 from grpo.verify.rewards import compute_rewards
 
 
 @dataclass
 class StepContext:
-    """What every step needs; built once by the loop."""
+    """What every step needs: the params and the parts ``build_parts`` (grpo/train/parts.py) chose."""
 
-    model: torch.nn.Module
-    tokenizer: Any
-    engine: NativeEngine
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
     params: TrainParams
     style: PromptStyle
-    lora_params: list[torch.nn.Parameter]
-    sizes: dict[str, AdaptiveBatchSize]
-    hook: FaultHook
-    device: torch.device
+    parts: TrainerParts
 
 
 @dataclass
@@ -57,35 +45,112 @@ class Rollouts:
 
 def generate_groups(ctx: StepContext, prompts: list[dict], step: int, first_prompt: int = 0) -> Rollouts:
     """G completions per prompt from the current policy, in one engine call: the engine adapts its
-    batch to out-of-memory errors itself (``ctx.sizes["generate"]``), redrawing nothing. ``prompts``
+    batch to out-of-memory errors itself (``ctx.parts.sizes["generate"]``), redrawing nothing. ``prompts``
     start at the step's prompt ``first_prompt`` (a data-parallel rank's share), which keys their samples."""
     p = ctx.params
-    texts = [build_prompt(ctx.tokenizer, row["question"], ctx.style) for row in prompts]
+    texts = [build_prompt(ctx.parts.tokenizer, row["question"], ctx.style) for row in prompts]
     sampling = SamplingParams(n=p.group_size, temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
                               max_new_tokens=p.max_response_length, seed=p.seed * 1_000_003 + step,
                               first_prompt=first_prompt)
-    with dense_base(ctx.model, p.dense_generation):
-        groups = ctx.engine.generate(texts, sampling)
+    groups = ctx.parts.engine.generate(texts, sampling)
     samples = [row for row in prompts for _ in range(p.group_size)]
     completions = [c for group in groups for c in group]
     responses = [full_response(ctx.style, c.text) for c in completions]
     return Rollouts(samples, completions, responses)
 
 
-def token_logprobs(ctx: StepContext, batch: TrainBatch, *, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) of the sampled response tokens, in chunks from the final hidden states."""
-    hidden = response_hidden_states(ctx.model, batch)
-    head = ctx.model.get_output_embeddings()
-    backend = ctx.params.logprob_backend
-    if backend == "triton" or (backend == "auto" and fused_supported(hidden, head.weight)):
-        return fused_token_logprobs_and_entropy(
-            hidden, head.weight, batch.response_ids, chunk_size=ctx.params.logprob_chunk_size,
-            temperature=ctx.params.temperature, lm_head_bias=getattr(head, "bias", None))
-    return chunked_token_logprobs_and_entropy(
-        hidden, head.weight, batch.response_ids, chunk_size=ctx.params.logprob_chunk_size,
-        temperature=ctx.params.temperature, compute_entropy=entropy,
-        lm_head_bias=getattr(head, "bias", None),
+# --- training tensors ------------------------------------------------------------------------------
+# Turn rollouts into training tensors without re-tokenising anything.
+#
+# Layout of one row: ``[left pads][prompt ids][sampled response ids, EOS included][right pads]``.
+# Every response starts in the same column (``prompt_width``), so the loss reads one contiguous slice of
+# hidden states; no pad ever sits between a prompt and its response, and position ids count real tokens
+# only (``cumsum(attention_mask) - 1``), so each row sees the positions it had during generation.
+@dataclass
+class TrainBatch:
+    input_ids: torch.Tensor  # [B, prompt_width + response_width]
+    attention_mask: torch.Tensor  # [B, W] 1 for real tokens
+    position_ids: torch.Tensor  # [B, W]
+    response_ids: torch.Tensor  # [B, response_width] the sampled ids, pad after EOS
+    response_mask: torch.Tensor  # [B, response_width] float, 1 on sampled tokens
+    truncated: torch.Tensor  # [B] bool, finish_reason == "length"
+    prompt_width: int
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def select(self, rows: slice | torch.Tensor) -> TrainBatch:
+        """A micro-batch; trailing all-pad response columns are cut so short rows cost nothing."""
+        mask = self.response_mask[rows]
+        width = int(mask.sum(0).nonzero().max().item()) + 1 if mask.any() else 1
+        end = self.prompt_width + width
+        return TrainBatch(
+            input_ids=self.input_ids[rows, :end],
+            attention_mask=self.attention_mask[rows, :end],
+            position_ids=self.position_ids[rows, :end],
+            response_ids=self.response_ids[rows, :width],
+            response_mask=mask[:, :width],
+            truncated=self.truncated[rows],
+            prompt_width=self.prompt_width,
+        )
+
+    def to(self, device: torch.device) -> TrainBatch:
+        return TrainBatch(
+            *(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
+                                     self.response_ids, self.response_mask, self.truncated)),
+            prompt_width=self.prompt_width,
+        )
+
+
+def build_batch(completions: list[Completion], pad_id: int) -> TrainBatch:
+    """Stack completions (each with its own prompt ids) into one left/right padded batch."""
+    if not completions:
+        raise ValueError("build_batch: no completions")
+    prompt_width = max(len(c.prompt_ids) for c in completions)
+    response_width = max(1, max(len(c.token_ids) for c in completions))
+    rows, masks, responses, response_masks = [], [], [], []
+    for c in completions:
+        left = prompt_width - len(c.prompt_ids)
+        right = response_width - len(c.token_ids)
+        rows.append([pad_id] * left + list(c.prompt_ids) + list(c.token_ids) + [pad_id] * right)
+        masks.append([0] * left + [1] * (len(c.prompt_ids) + len(c.token_ids)) + [0] * right)
+        responses.append(list(c.token_ids) + [pad_id] * right)
+        response_masks.append([1.0] * len(c.token_ids) + [0.0] * right)
+    attention_mask = torch.tensor(masks, dtype=torch.long)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return TrainBatch(
+        input_ids=torch.tensor(rows, dtype=torch.long),
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        response_ids=torch.tensor(responses, dtype=torch.long),
+        response_mask=torch.tensor(response_masks, dtype=torch.float32),
+        truncated=torch.tensor([c.finish_reason == "length" for c in completions]),
+        prompt_width=prompt_width,
     )
+
+
+def response_hidden_states(model, batch: TrainBatch) -> torch.Tensor:
+    """Final hidden states at the positions that predict each response token: [B, response_width, H].
+
+    The decoder body runs without the LM head; log-probs are then computed in chunks from these
+    states (grpo.algo.logprobs), so full-vocabulary logits for the batch never exist at once.
+    """
+    out = model.get_decoder()(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    )
+    hidden = out.last_hidden_state
+    start = batch.prompt_width - 1  # the state at the last prompt token predicts response token 0
+    return hidden[:, start : start + batch.response_ids.shape[1]]
+
+
+# --- the scoring pass and the updates -------------------------------------------------------------
+def token_logprobs(ctx: StepContext, batch: TrainBatch, *, entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of the sampled response tokens, in chunks from the final hidden states,
+    by the backend chosen at set-up (``choose_logprobs``)."""
+    return ctx.parts.token_logprobs(response_hidden_states(ctx.parts.model, batch), batch.response_ids, entropy)
 
 
 def scoring_pass(ctx: StepContext, batch: TrainBatch, step: int) -> dict[str, torch.Tensor]:
@@ -100,24 +165,22 @@ def scoring_pass(ctx: StepContext, batch: TrainBatch, step: int) -> dict[str, to
     out: dict[str, list[torch.Tensor]] = {"old": [], "entropy": [], "ref": []}
     if not (need_old or need_entropy or p.beta > 0):
         return {}
-    was_training = ctx.model.training
-    ctx.model.eval()  # no dropout: these are the policy's own probabilities
+    was_training = ctx.parts.model.training
+    ctx.parts.model.eval()  # no dropout: these are the policy's own probabilities
 
-    def work(rows: range) -> None:
-        mb = batch.select(slice(rows.start, rows.stop)).to(ctx.device)
-        with torch.no_grad():
+    for chunk in micro_batches(len(batch), ctx.parts.sizes["score"], ctx.parts.hook, step=step):
+        with chunk, torch.no_grad():
+            mb = batch.select(chunk.slice).to(ctx.parts.device)
             if need_old or need_entropy:
                 lp, ent = token_logprobs(ctx, mb, entropy=need_entropy)
                 out["old"].append(_pad_to(lp, batch))
                 if ent is not None:
                     out["entropy"].append(_pad_to(ent, batch))
             if p.beta > 0:
-                with lora_disabled(ctx.model):
+                with lora_disabled(ctx.parts.model):
                     ref, _ = token_logprobs(ctx, mb, entropy=False)
                 out["ref"].append(_pad_to(ref, batch))
-
-    run_in_micro_batches(range(len(batch)), work, ctx.sizes["score"], ctx.hook, step=step)
-    ctx.model.train(was_training)
+    ctx.parts.model.train(was_training)
     return {k: torch.cat(v).cpu() for k, v in out.items() if v}
 
 
@@ -141,43 +204,42 @@ def policy_updates(ctx: StepContext, batch: TrainBatch, advantages: torch.Tensor
         threshold = entropy_threshold(response_entropies, p.entropy_keep_fraction)
         keep = keep_mask_from_threshold(pre["entropy"], loss_mask, threshold, p.entropy_min_per_sequence)
     # One step-wide normaliser, so the micro-batch split (which OOM recovery changes) never changes
-    # the gradient; see grpo.algo.loss on accumulation.
+    # the gradient; see grpo.algo.objective on gradient accumulation.
     # [data parallel] summed over ranks: each rank's loss is its share of the step's loss
     denominator = distributed.all_reduce_sum(loss_normaliser(p.loss_type, loss_mask, p.max_response_length))
     totals: dict[str, float] = {}
     for _ in range(p.num_iterations):
-        ctx.optimizer.zero_grad(set_to_none=True)
+        ctx.parts.optimizer.zero_grad(set_to_none=True)
         metrics_parts: list[tuple[int, dict[str, float]]] = []
 
-        def work(rows: range) -> None:
-            sl = slice(rows.start, rows.stop)
-            mb = batch.select(sl).to(ctx.device)
-            width = mb.response_ids.shape[1]
-            lp, entropy = token_logprobs(ctx, mb, entropy=True)
-            out = grpo_loss(
-                lp,
-                pre["old"][sl, :width].to(ctx.device) if "old" in pre else None,
-                advantages[sl].to(ctx.device),
-                loss_mask[sl, :width].to(ctx.device),
-                loss_type=p.loss_type,
-                epsilon_low=p.epsilon_low, epsilon_high=p.epsilon_high, delta=p.delta, beta=p.beta,
-                ref_logprobs=pre["ref"][sl, :width].to(ctx.device) if "ref" in pre else None,
-                max_completion_length=p.max_response_length,
-                num_items_in_batch=denominator,
-                entropy_keep_mask=None if keep is None else keep[sl, :width].to(ctx.device),
-            )
-            out.loss.backward()
-            response = mb.response_mask.bool()
-            out.metrics["entropy_mean"] = float(entropy.detach()[response].mean()) if response.any() else 0.0
-            metrics_parts.append((rows.stop - rows.start, out.metrics))
-
-        run_in_micro_batches(range(len(batch)), work, ctx.sizes["train"], ctx.hook, step=step,
-                             params_with_grad=ctx.lora_params)
-        distributed.all_reduce_gradients(ctx.lora_params)  # [data parallel] the step's gradient
+        for chunk in micro_batches(len(batch), ctx.parts.sizes["train"], ctx.parts.hook, step=step,
+                                   params_with_grad=ctx.parts.lora_params):
+            with chunk:
+                sl = chunk.slice
+                mb = batch.select(sl).to(ctx.parts.device)
+                width = mb.response_ids.shape[1]
+                lp, entropy = token_logprobs(ctx, mb, entropy=True)
+                out = grpo_loss(
+                    lp,
+                    pre["old"][sl, :width].to(ctx.parts.device) if "old" in pre else None,
+                    advantages[sl].to(ctx.parts.device),
+                    loss_mask[sl, :width].to(ctx.parts.device),
+                    loss_type=p.loss_type,
+                    epsilon_low=p.epsilon_low, epsilon_high=p.epsilon_high, delta=p.delta, beta=p.beta,
+                    ref_logprobs=pre["ref"][sl, :width].to(ctx.parts.device) if "ref" in pre else None,
+                    max_completion_length=p.max_response_length,
+                    num_items_in_batch=denominator,
+                    entropy_keep_mask=None if keep is None else keep[sl, :width].to(ctx.parts.device),
+                )
+                out.loss.backward()
+                response = mb.response_mask.bool()
+                out.metrics["entropy_mean"] = float(entropy.detach()[response].mean()) if response.any() else 0.0
+                metrics_parts.append((len(chunk.rows), out.metrics))
+        distributed.all_reduce_gradients(ctx.parts.lora_params)  # [data parallel] the step's gradient
         with torch.profiler.record_function("grpo/optimizer"):
-            grad_norm = torch.nn.utils.clip_grad_norm_(ctx.lora_params, p.grad_clip)
-            ctx.optimizer.step()
-            ctx.scheduler.step()
+            grad_norm = torch.nn.utils.clip_grad_norm_(ctx.parts.lora_params, p.grad_clip)
+            ctx.parts.optimizer.step()
+            ctx.parts.scheduler.step()
         totals = data_parallel.mean_over_rows(metrics_parts)  # [data parallel] every rank's rows
         totals["grad_norm"] = float(grad_norm)
     return totals
@@ -189,12 +251,13 @@ def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[st
     peaks: dict[str, float] = {}
     t0 = time.perf_counter()
     lo, hi = data_parallel.step_share(len(prompts))  # [data parallel] this rank's groups
-    with phase_peak_memory(peaks, "generate", ctx.device):
+    with phase_peak_memory(peaks, "generate", ctx.parts.device):
         ro = generate_groups(ctx, prompts[lo:hi], step, first_prompt=lo)
     t_gen = time.perf_counter() - t0
     n_tokens = [len(c.token_ids) for c in ro.completions]
     finish = [c.finish_reason for c in ro.completions]
-    scored = compute_rewards(ro.responses, ro.samples, dict(p.rewards), finish, n_tokens, p.max_response_length)
+    scored = compute_rewards(ro.responses, ro.samples, dict(p.rewards), finish, n_tokens, p.max_response_length,
+                             ctx.parts.rewards)
     # [data parallel] the whole step's rollouts and rewards on every rank; this rank trains rows `mine`
     samples, completions, responses, scored = data_parallel.gather_step(ro.samples, ro.completions, ro.responses, scored)
     ro = Rollouts(samples, completions, responses)
@@ -222,16 +285,16 @@ def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[st
         metrics.update(skipped_step=1.0)
         return metrics, ro, reasons
     kept = [c for c, k in zip(ro.completions[mine], keep_rows[mine].tolist()) if k]
-    batch = build_batch(kept, ctx.tokenizer.pad_token_id)
+    batch = build_batch(kept, ctx.parts.tokenizer.pad_token_id)
     t1 = time.perf_counter()
-    with phase_peak_memory(metrics, "score", ctx.device):
+    with phase_peak_memory(metrics, "score", ctx.parts.device):
         pre = scoring_pass(ctx, batch, step)
-    with phase_peak_memory(metrics, "train", ctx.device):
+    with phase_peak_memory(metrics, "train", ctx.parts.device):
         metrics.update(policy_updates(ctx, batch, adv.advantages[mine][keep_rows[mine]], pre, step))
     t_train = time.perf_counter() - t1
     metrics.update(time_train_s=t_train, train_tokens_per_s=float(batch.response_mask.sum()) / max(t_train, 1e-9),
-                   lr=ctx.scheduler.get_last_lr()[0], skipped_step=0.0)
-    for name, size in ctx.sizes.items():
+                   lr=ctx.parts.scheduler.get_last_lr()[0], skipped_step=0.0)
+    for name, size in ctx.parts.sizes.items():
         metrics[f"micro_batch/{name}"] = float(size.current)
         metrics[f"oom_events/{name}"] = float(size.oom_events)
     if not math.isfinite(metrics.get("grad_norm", 0.0)):

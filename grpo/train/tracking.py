@@ -29,7 +29,7 @@ from grpo.trainlog import EVAL
 
 log = logging.getLogger(__name__)
 
-# grpo.train.step's (and grpo.algo.loss's) metric names -> TRL GRPOTrainer's; others keep their name
+# grpo.train.step's (and grpo.algo.objective's) metric names -> TRL GRPOTrainer's; others keep their name
 TRL_NAMES = {
     "reward_mean": "reward",
     "reward_std": "reward_std",

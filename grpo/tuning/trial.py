@@ -8,7 +8,7 @@ trial's settings and small workload caps (``trial_params``).
 
 ``python -m grpo.tuning.trial --result R.json [--cap-gib G] [--profile DIR] -- <stage> [stage args]`` is the
 child: it caps the CUDA allocator at G GiB (as a smaller card would), counts every out-of-memory event the
-engines absorb (their ``OOM in ...`` warnings, grpo/train/memory.py), profiles the run into DIR if asked
+engines absorb (their ``OOM in ...`` warnings, grpo/microbatch.py), profiles the run into DIR if asked
 (grpo/profile.py) and writes the stage's return code, those counts and its peaks to R.json, whatever happens.
 """
 from __future__ import annotations

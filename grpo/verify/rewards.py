@@ -47,6 +47,17 @@ class RewardResult:
 
 
 RewardFn = Callable[..., RewardResult]
+# Every reward by name, in the order they are defined: params' train.rewards may name these
+# (grpo/config.py validates against this dict). Adding a reward is writing one ``@reward`` function.
+REWARD_FUNCTIONS: dict[str, RewardFn] = {}
+
+
+def reward(fn: RewardFn) -> RewardFn:
+    """Register ``fn`` under its own name; the name is what params.yaml weights."""
+    if fn.__name__ in REWARD_FUNCTIONS:
+        raise ValueError(f"reward {fn.__name__!r} is registered twice")
+    REWARD_FUNCTIONS[fn.__name__] = fn
+    return fn
 
 
 def _short(text: str, limit: int = 40) -> str:
@@ -65,12 +76,14 @@ def _correctness(completion: str, sample: Mapping, finish_reason: str, mode: str
     return RewardResult(1.0 if verdict is Verdict.EQUIVALENT else 0.0, reason)
 
 
+@reward
 def correctness(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
                 max_tokens: int = 0) -> RewardResult:
     """1 if the answer (lenient extraction, truncation rule applies) is equivalent to the gold one."""
     return _correctness(completion, sample, finish_reason, "lenient")
 
 
+@reward
 def correctness_strict(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
                        max_tokens: int = 0) -> RewardResult:
     """Like ``correctness``, but only a ``\\boxed{}`` or ``<answer>`` answer counts."""
@@ -81,6 +94,7 @@ def _states_answer(completion: str, mode: str, finish_reason: str) -> bool:
     return extract_answer(completion, mode=mode, finish_reason=finish_reason) is not None
 
 
+@reward
 def r1_format(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
               max_tokens: int = 0) -> RewardResult:
     """1 if the text is ``<think>...</think>`` followed by a response holding a closed, non-empty ``\\boxed{}``."""
@@ -97,6 +111,7 @@ def r1_format(completion: str, sample: Mapping, *, finish_reason: str = "stop", 
     return RewardResult(1.0, "ok")
 
 
+@reward
 def tagged_format_strict(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
                          max_tokens: int = 0) -> RewardResult:
     """1 if the whole text is exactly ``<reasoning>\\n...\\n</reasoning>\\n<answer>\\n...\\n</answer>[\\n]``
@@ -108,6 +123,7 @@ def tagged_format_strict(completion: str, sample: Mapping, *, finish_reason: str
     return RewardResult(1.0, "ok")
 
 
+@reward
 def tagged_format_soft(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
                        max_tokens: int = 0) -> RewardResult:
     """1 if ``<reasoning>...</reasoning>`` followed by ``<answer>...</answer>`` appears anywhere, and the
@@ -119,6 +135,7 @@ def tagged_format_soft(completion: str, sample: Mapping, *, finish_reason: str =
     return RewardResult(1.0, "ok")
 
 
+@reward
 def integer_answer(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
                    max_tokens: int = 0) -> RewardResult:
     """1 if the answer (lenient extraction) is an integer literal: ``42``, ``-3``, ``1,234``.
@@ -133,6 +150,7 @@ def integer_answer(completion: str, sample: Mapping, *, finish_reason: str = "st
     return RewardResult(0.0, f"not an integer: {_short(pred)}")
 
 
+@reward
 def tag_count(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
               max_tokens: int = 0) -> RewardResult:
     """The recipe's xmlcount: +0.125 per tag line present exactly once, -0.001 per character after the
@@ -156,6 +174,7 @@ def _require_max_tokens(max_tokens: int, name: str) -> None:
         raise ValueError(f"{name}: needs max_tokens > 0 (the response length cap), got {max_tokens}")
 
 
+@reward
 def overlong_penalty(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
                      max_tokens: int = 0) -> RewardResult:
     """DAPO's soft overlong punishment: 0 up to ``max_tokens - buffer``, then linear down to -1 at
@@ -168,18 +187,12 @@ def overlong_penalty(completion: str, sample: Mapping, *, finish_reason: str = "
     return RewardResult(-min(excess / buffer, 1.0), f"{num_tokens}/{max_tokens} tokens, in overlong buffer")
 
 
+@reward
 def length_penalty(completion: str, sample: Mapping, *, finish_reason: str = "stop", num_tokens: int = 0,
                    max_tokens: int = 0) -> RewardResult:
     """``-num_tokens / max_tokens``: every token costs the same."""
     _require_max_tokens(max_tokens, "length_penalty")
     return RewardResult(-num_tokens / max_tokens, f"{num_tokens}/{max_tokens} tokens")
-
-
-REWARD_FUNCTIONS: dict[str, RewardFn] = {
-    fn.__name__: fn
-    for fn in (correctness, correctness_strict, r1_format, tagged_format_strict, tagged_format_soft,
-               integer_answer, tag_count, length_penalty, overlong_penalty)
-}
 
 
 class Rewards(NamedTuple):
@@ -196,12 +209,14 @@ def compute_rewards(
     finish_reasons: Sequence[str],
     num_tokens: Sequence[int],
     max_tokens: int,
+    functions: Mapping[str, RewardFn] = REWARD_FUNCTIONS,
 ) -> Rewards:
-    """Every reward of ``weights`` for every completion, their weighted totals, and the timeout count."""
-    unknown = sorted(set(weights) - set(REWARD_FUNCTIONS))
+    """Every reward of ``weights`` for every completion, their weighted totals, and the timeout count;
+    ``functions`` holds the rewards by name (the trainer passes the ones its parts were built with)."""
+    unknown = sorted(set(weights) - set(functions))
     if unknown:
         raise ValueError(f"unknown reward function(s) {', '.join(unknown)}; "
-                         f"allowed: {', '.join(REWARD_FUNCTIONS)}")
+                         f"allowed: {', '.join(functions)}")
     lengths = {len(completions), len(samples), len(finish_reasons), len(num_tokens)}
     if len(lengths) != 1:
         raise ValueError("compute_rewards: completions, samples, finish_reasons and num_tokens differ in "
@@ -213,7 +228,7 @@ def compute_rewards(
     for i, (completion, sample, finish, tokens) in enumerate(zip(completions, samples, finish_reasons, num_tokens)):
         timed_out = False
         for name, weight in weights.items():
-            result = REWARD_FUNCTIONS[name](completion, sample, finish_reason=finish, num_tokens=tokens,
+            result = functions[name](completion, sample, finish_reason=finish, num_tokens=tokens,
                                             max_tokens=max_tokens)
             per_fn[name].append(result.value)
             reasons[i][name] = result.reason

@@ -7,7 +7,7 @@ import statistics
 import pytest
 import torch
 
-from grpo.algo.advantages import compute_advantages, skip_zero_variance
+from grpo.algo.objective import compute_advantages, skip_zero_variance
 
 # three prompts, G = 4: a split group, a constant group, a spread group
 REWARDS = [1.0, 0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 2.0, 0.0, 1.0, 2.0, 3.0]

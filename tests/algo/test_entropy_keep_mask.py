@@ -6,7 +6,14 @@ import math
 import pytest
 import torch
 
-from grpo.algo.entropy_mask import entropy_keep_mask, entropy_threshold, keep_mask_from_threshold
+from grpo.algo.objective import entropy_threshold, keep_mask_from_threshold
+
+
+def entropy_keep_mask(entropy: torch.Tensor, mask: torch.Tensor, keep_fraction: float, min_per_sequence: int) -> torch.Tensor:
+    """The keep-mask with the threshold over this batch's response tokens (the step does the same over
+    the whole step's tokens, grpo/train/step.py)."""
+    threshold = entropy_threshold(entropy[mask.bool()], keep_fraction)
+    return keep_mask_from_threshold(entropy, mask, threshold, min_per_sequence)
 
 
 def random_batch(seed: int = 0, rows: int = 6, width: int = 40):

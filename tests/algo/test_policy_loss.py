@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from grpo.algo.loss import grpo_loss, loss_normaliser
+from grpo.algo.objective import grpo_loss, loss_normaliser
 
 # Two sequences, four positions; sequence 0 has three response tokens. Log-ratios lp - old put the
 # ratios on both sides of the clip range [0.8, 1.28] for both advantage signs:
@@ -26,14 +26,14 @@ def t(rows) -> torch.Tensor:
     return torch.tensor(rows, dtype=torch.float64)
 
 
-def reference(lp, old, adv, mask, *, loss_type, keep=None, ref=None, beta=0.0, delta=None, weights=None,
+def reference(lp, old, adv, mask, *, loss_type, keep=None, ref=None, beta=0.0, delta=None,
               max_len=MAX_LEN, num_items=None):
-    """(loss, d loss / d lp) by the obvious loop over tokens, from the formulas in grpo.algo.loss."""
+    """(loss, d loss / d lp) by the obvious loop over tokens, from the formulas in grpo.algo.objective."""
     old = old if old is not None else lp
     losses = [[0.0] * len(row) for row in lp]
     grads = [[0.0] * len(row) for row in lp]
     for b, row in enumerate(lp):
-        a, w = adv[b], 1.0 if weights is None else weights[b]
+        a = adv[b]
         for i, x in enumerate(row):
             if not mask[b][i]:
                 continue
@@ -51,8 +51,6 @@ def reference(lp, old, adv, mask, *, loss_type, keep=None, ref=None, beta=0.0, d
                 d = ref[b][i] - x
                 losses[b][i] += beta * (math.exp(d) - d - 1)
                 grads[b][i] += beta * (1 - math.exp(d))
-            losses[b][i] *= w
-            grads[b][i] *= w
     n = [sum(row) for row in mask]
     if loss_type == "grpo":  # each sequence's mean, then the mean over sequences
         seq = [1.0 / max(n[b], 1) for b in range(len(lp))]
@@ -69,12 +67,11 @@ def run(lp, old, adv, mask, **kw):
     lp_t = t(lp).requires_grad_(True)
     ref = kw.pop("ref", None)
     keep = kw.pop("keep", None)
-    weights = kw.pop("weights", None)
     out = grpo_loss(
         lp_t, None if old is None else t(old), t(adv), t(mask), epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH,
         max_completion_length=MAX_LEN, ref_logprobs=None if ref is None else t(ref),
         entropy_keep_mask=None if keep is None else torch.tensor(keep, dtype=torch.bool),
-        per_sequence_weights=None if weights is None else t(weights), **kw,
+        **kw,
     )
     out.loss.backward()
     return out, lp_t.grad
@@ -231,23 +228,6 @@ def test_trl_bnpo_is_a_mean_of_micro_batch_token_means():
     assert split_loss == pytest.approx(sum(parts) / 2)
     whole, _ = accumulate("bnpo", WHOLE, step_wide=False)
     assert split_loss != pytest.approx(whole)  # 9 and 11 tokens: not the token mean of the batch
-
-
-def test_sequence_weights_turn_a_token_sum_into_grpo():
-    # 1/n_b weights on a dapo token sum over the step's sequence count: the trainer's form of grpo
-    loss, grad = accumulate("grpo", WHOLE, step_wide=False)
-    lp, old, ref, adv, mask = batch()
-    lp.requires_grad_(True)
-    weights = 1.0 / mask.sum(1)
-    total = 0.0
-    for s in UNEVEN:
-        out = grpo_loss(lp[s], old[s], adv[s], mask[s], loss_type="dapo", epsilon_low=EPS_LOW,
-                        epsilon_high=EPS_HIGH, beta=BETA, ref_logprobs=ref[s], num_items_in_batch=6.0,
-                        per_sequence_weights=weights[s])
-        out.loss.backward()
-        total += out.loss.item()
-    assert total == pytest.approx(loss, rel=1e-12)
-    torch.testing.assert_close(lp.grad, grad)
 
 
 def test_a_batch_without_response_tokens_gives_zero_loss():

@@ -10,7 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from grpo.data import DataError, load_dataset_rows
+from grpo.data.errors import DataError
+from grpo.data.loading import load_dataset_rows
 from grpo.data.registry import DAPO_PREFIX, DAPO_SUFFIX
 
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 import grpo.data.prepare as prepare_mod
-from grpo.data import DataError, prepare_datasets, write_prepared
+from grpo.data.errors import DataError
+from grpo.data.prepare import prepare_datasets, write_prepared
 
 EVAL_QUESTION = "Tom has 3 apples and buys 4 more. How many apples does he have?"
 

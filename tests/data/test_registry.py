@@ -10,7 +10,9 @@ from collections import Counter
 import pytest
 
 from grpo.config import BENCHMARKS, DATASETS
-from grpo.data import BUNDLED_DIR, REGISTRY, DataError, get_spec, load_dataset_rows
+from grpo.data.errors import DataError
+from grpo.data.loading import BUNDLED_DIR, load_dataset_rows
+from grpo.data.registry import REGISTRY, get_spec
 from grpo.data.answers import ANSWER_TYPES, parse_gsm8k, parse_gsm_plus, parse_math, parse_numeric
 from grpo.data.loading import read_records
 from grpo.data.registry import DAPO_PREFIX, DAPO_SUFFIX, EVAL, strip_dapo_wrapper

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from grpo.data import load_dataset_rows
+from grpo.data.loading import load_dataset_rows
 from grpo.data.prepare import prepare_datasets
 from grpo.data.synthetic import MAX_LEVEL, SPLIT_ROWS, generate_split, make_problem
 

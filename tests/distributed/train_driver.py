@@ -15,32 +15,37 @@ import torch
 
 from grpo import distributed
 from grpo.model.lora import lora_parameters
-from grpo.train import loop as loop_module
 from grpo.train.loop import Trainer, TrainPaths, fingerprint
-from grpo.verify import rewards as rewards_module
+from grpo.train.parts import build_parts
+from grpo.verify.rewards import REWARD_FUNCTIONS
 from tests.train.harness import ROWS, STYLE, digit_share, params
+
+
+class RecordingTrainer(Trainer):
+    """Rank 0 writes each step's rollouts (the whole step's token ids and rewards) to ``out``/rollouts."""
+
+    out: Path
+
+    def train_step(self, prompts):
+        metrics, rollouts, reasons = super().train_step(prompts)
+        if distributed.is_main():
+            record = {"ids": [r["id"] for r in rollouts.samples], "tokens": [c.token_ids for c in rollouts.completions],
+                      "rewards": [digit_share(text, row).value for text, row in zip(rollouts.responses, rollouts.samples)], "reward_mean": metrics["reward_mean"]}
+            (self.out / "rollouts").mkdir(parents=True, exist_ok=True)
+            (self.out / "rollouts" / f"step-{self.step}.json").write_text(json.dumps(record))
+        return metrics, rollouts, reasons
 
 
 def main(model_dir: Path, out: Path) -> None:
     logging.basicConfig(level=logging.INFO)  # the test reads "resumed from" in the log
-    rewards_module.REWARD_FUNCTIONS["digit_share"] = digit_share
     distributed.init_from_env()
-    real_step = loop_module.grpo_step
-
-    def recording(ctx, prompts, step):
-        metrics, rollouts, reasons = real_step(ctx, prompts, step)
-        if distributed.is_main():
-            record = {"ids": [r["id"] for r in rollouts.samples], "tokens": [c.token_ids for c in rollouts.completions],
-                      "rewards": [digit_share(text, row).value for text, row in zip(rollouts.responses, rollouts.samples)], "reward_mean": metrics["reward_mean"]}
-            (out / "rollouts").mkdir(parents=True, exist_ok=True)
-            (out / "rollouts" / f"step-{step}.json").write_text(json.dumps(record))
-        return metrics, rollouts, reasons
-
-    loop_module.grpo_step = recording
     p = params(**json.loads(os.environ.get("DRIVER_PARAMS", "{}")))
     paths = TrainPaths(model_dir, out / "run" / "checkpoints", out / "run" / "final", out / "run" / "metrics",
                        out / "run" / "logs" / "train.json")
-    trainer = Trainer(p, STYLE, paths, ROWS, ROWS[:3], None, fingerprint(p, STYLE, []))
+    parts = build_parts(p, STYLE, paths.base_model, paths.live, paths.measured, [row["id"] for row in ROWS], None,
+                        reward_functions={**REWARD_FUNCTIONS, "digit_share": digit_share})
+    trainer = RecordingTrainer(p, STYLE, paths, ROWS, ROWS[:3], parts, fingerprint(p, STYLE, []))
+    trainer.out = out
     trainer.run()
     weights = {f"{i}": t.detach().clone() for i, t in enumerate(lora_parameters(trainer.model))}
     torch.save(weights, out / f"weights-rank-{distributed.rank()}.pt")

@@ -6,7 +6,7 @@ from grpo.config import ProtocolParams
 from grpo.eval.run import evaluate_rows
 from grpo.model.loading import load_tokenizer
 from grpo.prompts import PromptStyle
-from grpo.rollout import make_engine
+from grpo.rollout.engines import make_engine
 
 SAMPLED = ProtocolParams(n=4, temperature=1.0, top_p=0.95, max_new_tokens=8)
 QUESTIONS = ["Natalia sold 48 clips. How many?", "What is 15 + 27?", "What is 2 + 3?"]

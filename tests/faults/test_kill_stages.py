@@ -1,6 +1,6 @@
 """kill -9 of the train, sent and evaluate stages under real ``dvc repro`` in a temp git repo (tiny model).
 
-Each kill is a SIGKILL the stage sends itself at a named point (``GRPO_FAULT_KILL``, grpo/faults.py),
+Each kill is a SIGKILL the stage sends itself at a named point (``GRPO_FAULT_KILL``, grpo/fault_injection.py),
 so the tests are deterministic. After every kill: dvc reports the stage failed, and every output or
 checkpoint that exists is complete. After the final clean ``dvc repro``: the outputs equal an
 uninterrupted run's byte for byte (the adapter, the DVCLive log, the metrics) and no temp leftovers

@@ -13,22 +13,15 @@ import torch
 
 from grpo.train import checkpoint as checkpoint_module
 from grpo.train.checkpoint import list_checkpoints
-from tests.train.harness import digit_share, final_weights, kill_at_step, params, record_rollouts, run
-from tests.train.harness import varied_reward as varied_reward  # noqa: F401 - a fixture, used below
-from grpo.verify import rewards as rewards_module
-
-pytestmark = pytest.mark.usefixtures("varied_reward")
+from tests.train.harness import RecordingTrainer, final_weights, killed_at, params, run
 
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory, tiny_model_dir):
     """One uninterrupted run: (its trainer, its final adapter weights, its rollouts' token ids)."""
     root = tmp_path_factory.mktemp("clean")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setitem(rewards_module.REWARD_FUNCTIONS, "digit_share", digit_share)
-        rollouts = record_rollouts(patch)
-        trainer = run(root, tiny_model_dir, params(), "clean")
-    return trainer, final_weights(root, "clean"), rollouts
+    trainer = run(root, tiny_model_dir, params(), "clean", RecordingTrainer)
+    return trainer, final_weights(root, "clean"), trainer.rollouts
 
 
 def assert_same_adapter(got: dict, expected: dict, **tolerance) -> None:
@@ -41,9 +34,8 @@ def test_oom_storm_every_micro_batch_until_size_one_gives_the_same_adapter(tmp_p
                                                                            monkeypatch, clean):
     reference, expected, reference_rollouts = clean
     monkeypatch.setenv("GRPO_FAULT_OOM", "train:size>1,score:size>1,generate:size>2")
-    rollouts = record_rollouts(monkeypatch)
-    storm = run(tmp_path, tiny_model_dir, params(), "storm")
-    assert rollouts == reference_rollouts  # generation redid the failed rows and drew the same tokens
+    storm = run(tmp_path, tiny_model_dir, params(), "storm", RecordingTrainer)
+    assert storm.rollouts == reference_rollouts  # generation redid the failed rows and drew the same tokens
     # 6 -> 3 -> 1 rows (generate: sequences in flight, redrawing nothing); a regrowth after 4 clean
     # calls fails again
     for phase in ("train", "score", "generate"):
@@ -63,10 +55,8 @@ def test_oom_storm_every_micro_batch_until_size_one_gives_the_same_adapter(tmp_p
 
 
 def test_oom_at_size_one_fails_clearly_and_keeps_the_last_checkpoint(tmp_path, tiny_model_dir, monkeypatch):
-    with monkeypatch.context() as patch:
-        kill_at_step(patch, 2)  # after the step-1 checkpoint
-        with pytest.raises(KeyboardInterrupt):
-            run(tmp_path, tiny_model_dir, params(), "first")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, tiny_model_dir, params(), "first", killed_at(2))  # after the step-1 checkpoint
     monkeypatch.setenv("GRPO_FAULT_OOM", "train:all")
     with pytest.raises(torch.OutOfMemoryError, match="micro-batch size 1"):
         run(tmp_path, tiny_model_dir, params(), "first")  # resumes at step 2, then OOMs at size 1
@@ -99,12 +89,10 @@ def test_checkpoint_write_failing_half_way_keeps_the_previous_one(tmp_path, tiny
 
 
 @pytest.mark.parametrize("damaged", ["adapter/adapter_model.safetensors", "trainer_state.pt", "state.json"])
-def test_truncated_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path, tiny_model_dir, monkeypatch,
-                                                                    caplog, clean, damaged):
-    with monkeypatch.context() as patch:
-        kill_at_step(patch, 3)  # after checkpoints 1 and 2
-        with pytest.raises(KeyboardInterrupt):
-            run(tmp_path, tiny_model_dir, params(keep_last=2), "trunc")
+def test_truncated_newest_checkpoint_is_skipped_for_the_previous_one(tmp_path, tiny_model_dir, caplog, clean,
+                                                                    damaged):
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, tiny_model_dir, params(keep_last=2), "trunc", killed_at(3))  # after checkpoints 1 and 2
     root = tmp_path / "trunc/checkpoints"
     assert [c.name for c in list_checkpoints(root)] == ["step-000001", "step-000002"]
     path = root / "step-000002" / damaged

@@ -18,8 +18,8 @@ from grpo.model import (
     lora_modules,
     lora_parameters,
     lora_state_dict,
-    merge_lora_,
 )
+from tests.model.merge import merge_lora_
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 

@@ -18,11 +18,11 @@ from grpo.model import (
     load_policy_model,
     lora_modules,
     lora_parameters,
-    merge_and_export,
     read_adapter_config,
     save_adapter,
 )
 from grpo.model import adapter as adapter_module
+from tests.model.merge import merge_and_export
 
 BASE_NAME = "tests/tiny-qwen2"
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -122,8 +122,9 @@ def test_training_step_changes_only_lora_and_keeps_fp32_state(tiny_model_dir, co
 
 
 def test_lora_gets_gradients_after_eval_mode_generate(tiny_model_dir):
-    """Regression for the AVX512-BF16 trap (DESIGN.md): a no-grad eval-mode forward must not repack the
-    4-bit weights, or the next training backward leaves LoRA parameters without gradients."""
+    """Regression for the AVX512-BF16 trap (docs/ARCHITECTURE.md, "Facts measured"): a no-grad eval-mode
+    forward must not repack the 4-bit weights, or the next training backward leaves LoRA parameters
+    without gradients."""
     model = nf4_model(tiny_model_dir)
     inject_lora(model, targets=ALL_TARGETS, r=4, alpha=8, seed=0)
     with torch.no_grad():

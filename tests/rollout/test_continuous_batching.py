@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo.prompts import PromptStyle, build_prompt
-from grpo.rollout import SamplingParams
+from grpo.rollout.base import SamplingParams
 from grpo.rollout.native import NativeEngine
 from grpo.rollout.slots import SlotSchedule
 from grpo.rollout.static_decode import StaticDecoder
@@ -46,8 +46,7 @@ def stop_ids(model, tokenizer, prompts) -> list[int]:
 
 def engines(model, tokenizer, stop_ids, slots: int):
     hf = NativeEngine(model, tokenizer, batch_size=len(QUESTIONS), backend="hf")
-    fast = NativeEngine(model, tokenizer, batch_size=slots, backend="static")
-    fast._decoder = small_decoder(model)
+    fast = NativeEngine(model, tokenizer, batch_size=slots, backend="static", decoder=small_decoder(model))
     hf.stop_ids = fast.stop_ids = stop_ids
     return hf, fast
 

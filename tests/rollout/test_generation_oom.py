@@ -1,7 +1,7 @@
 """Out of memory in generation (grpo.rollout.native): the engine frees memory, halves the rows in flight,
 redoes only the rows that had not finished, and returns exactly an unfaulted run's outputs, on both
 the ``generate`` and the static path. The errors come from the fault hook (``GRPO_FAULT_OOM`` phase
-``generate``, grpo/train/memory.py): CPU cannot raise CUDA's, and the hook's InjectedOOM is a
+``generate``, grpo/fault_injection.py): CPU cannot raise CUDA's, and the hook's InjectedOOM is a
 torch.OutOfMemoryError like it."""
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from grpo.prompts import PromptStyle, build_prompt
-from grpo.rollout import SamplingParams
+from grpo.rollout.base import SamplingParams
 from grpo.rollout.native import NativeEngine
-from grpo.train.memory import FaultHook
+from grpo.fault_injection import FaultHook
 
 QUESTIONS = ["What is 15 + 27?", "2 + 2?", "Natalia sold clips to 48 of her friends in April. How many?"]
 PARAMS = SamplingParams(n=3, temperature=1.0, top_p=0.95, max_new_tokens=10, seed=4)

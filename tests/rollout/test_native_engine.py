@@ -3,6 +3,7 @@ the position ids the trainer assumes, seeds, EOS handling, and the 4-bit + LoRA 
 from __future__ import annotations
 
 import copy
+import logging
 
 import pytest
 import torch
@@ -12,9 +13,8 @@ from grpo.model.adapter import LoraSettings, save_adapter
 from grpo.model.loading import load_policy_model
 from grpo.model.lora import inject_lora, lora_modules, lora_parameters
 from grpo.prompts import PromptStyle, build_prompt
-from grpo.rollout import SamplingParams, make_engine
-from grpo.rollout.base import stop_token_ids
-from grpo.rollout import native
+from grpo.rollout.base import SamplingParams, stop_token_ids
+from grpo.rollout.engines import make_engine
 from grpo.rollout.native import NativeEngine
 
 QUESTIONS = [
@@ -110,7 +110,7 @@ def test_batched_equals_one_prompt_at_a_time(stop_model, tokenizer, prompts):
 def test_generate_uses_attention_mask_position_ids(model, tokenizer, prompts):
     """RoPE is shift-invariant, so equal outputs alone would not catch wrong positions on left-padded
     rows. Record what generate passes to forward: prompt positions must be ``cumsum(mask) - 1`` (pads
-    0), as grpo.train.batch builds them, and each decode step one more than the last."""
+    0), as grpo.train.step builds them, and each decode step one more than the last."""
     seen: list[torch.Tensor] = []
 
     def record(_module, _args, kwargs):
@@ -174,7 +174,8 @@ def test_in_memory_engine_refuses_adapters(model, tokenizer, prompts, tmp_path):
 
 def test_4bit_lora_policy_still_trains_after_generating(tiny_model_dir, tokenizer, prompts):
     """Training rollouts run the policy in eval mode without grad, where bitsandbytes would repack 4-bit
-    weights on an AVX512-BF16 CPU and LoRA gradients would vanish (DESIGN.md). After generating, a
+    weights on an AVX512-BF16 CPU and LoRA gradients would vanish (docs/ARCHITECTURE.md, "Facts
+    measured"). After generating, a
     training forward/backward must still reach every LoRA parameter."""
     policy = load_policy_model(tiny_model_dir, quantization="nf4", compute_dtype="float32", device="cpu",
                                gradient_checkpointing=False)
@@ -217,12 +218,12 @@ def test_make_engine_rejects_unknown_kind(tiny_model_dir):
 
 
 def test_auto_falls_back_to_native_without_vllm(tiny_model_dir, monkeypatch):
-    monkeypatch.setattr("grpo.rollout.base.vllm_importable", lambda: False)
+    monkeypatch.setattr("grpo.rollout.engines.vllm_importable", lambda: False)
     engine = make_engine("auto", model_dir=tiny_model_dir, dtype="float32", batch_size=2)
     assert isinstance(engine, NativeEngine) and engine.batch_size == 2
 
 
-def test_engine_built_for_an_adapter_loads_the_base_once(tiny_model_dir, tokenizer, prompts, tmp_path, monkeypatch):
+def test_engine_built_for_an_adapter_loads_the_base_once(tiny_model_dir, tokenizer, prompts, tmp_path, caplog):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     settings = LoraSettings(r=4, alpha=8, targets=("q_proj", "v_proj"))
     inject_lora(model, targets=list(settings.targets), r=settings.r, alpha=settings.alpha)
@@ -233,10 +234,9 @@ def test_engine_built_for_an_adapter_loads_the_base_once(tiny_model_dir, tokeniz
     params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
     expected = [g[0].token_ids for g in NativeEngine(model.eval(), tokenizer, batch_size=4).generate(prompts, params)]
 
-    loads = []
-    real_load = native.load_policy_model
-    monkeypatch.setattr(native, "load_policy_model", lambda *a, **k: loads.append(a) or real_load(*a, **k))
-    engine = make_engine("native", model_dir=tiny_model_dir, dtype="float32", batch_size=4, adapter_dir=adapter)
-    assert [g[0].token_ids for g in engine.generate(prompts, params, adapter_dir=adapter)] == expected
+    with caplog.at_level(logging.INFO, logger="grpo.model.loading"):  # the loader logs each load
+        engine = make_engine("native", model_dir=tiny_model_dir, dtype="float32", batch_size=4, adapter_dir=adapter)
+        assert [g[0].token_ids for g in engine.generate(prompts, params, adapter_dir=adapter)] == expected
+    loads = [r for r in caplog.records if r.name == "grpo.model.loading" and r.getMessage().startswith("loaded ")]
     assert len(loads) == 1
     engine.close()

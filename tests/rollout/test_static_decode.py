@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 from grpo.model.loading import load_policy_model
 from grpo.model.lora import inject_lora, lora_disabled, lora_modules
 from grpo.prompts import PromptStyle, build_prompt
-from grpo.rollout import SamplingParams
+from grpo.rollout.base import SamplingParams
 from grpo.rollout.native import NativeEngine
 from grpo.rollout.static_decode import StaticDecoder
 
@@ -134,8 +134,8 @@ def test_decoder_buckets_cover_the_cache(tiny_model_dir, tokenizer, prompts):
     """Tiny buckets: every bucket boundary is crossed, and the result is still generate's."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
-    engine = NativeEngine(model, tokenizer, batch_size=3, backend="static")
-    engine._decoder = StaticDecoder(model, bucket=3, sync_every=4)
+    engine = NativeEngine(model, tokenizer, batch_size=3, backend="static",
+                          decoder=StaticDecoder(model, bucket=3, sync_every=4))
     hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
     assert _ids(engine, prompts, params) == hf
 
@@ -151,7 +151,7 @@ def test_cuda_graph_decode_matches_generate(tiny_model_dir, tokenizer, prompts):
     model = _with_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda())
     params = SamplingParams(temperature=0, max_new_tokens=40)
     hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
-    engine = NativeEngine(model, tokenizer, batch_size=3, backend="static")
-    engine._decoder = StaticDecoder(model, bucket=16, sync_every=8)
+    engine = NativeEngine(model, tokenizer, batch_size=3, backend="static",
+                          decoder=StaticDecoder(model, bucket=16, sync_every=8))
     assert engine._decoder.cuda_graphs
     assert _ids(engine, prompts, params) == hf

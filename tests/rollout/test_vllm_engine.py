@@ -39,7 +39,7 @@ def run_vllm(spec: dict) -> dict:
                             max_lora_rank=8, seed=0)
     except ImportError as exc:
         return {"skip": f"vllm is installed but does not import: {type(exc).__name__}: {exc}"}
-    from grpo.rollout import SamplingParams
+    from grpo.rollout.base import SamplingParams
 
     prompts = spec["prompts"]
     greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
@@ -71,7 +71,7 @@ def setup(tiny_model_dir, tmp_path_factory):
     from grpo.model.loading import load_tokenizer
     from grpo.model.lora import inject_lora, lora_modules
     from grpo.prompts import PromptStyle, build_prompt
-    from grpo.rollout import SamplingParams
+    from grpo.rollout.base import SamplingParams
     from grpo.rollout.native import NativeEngine
     from transformers import AutoModelForCausalLM
 

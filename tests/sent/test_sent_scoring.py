@@ -9,7 +9,8 @@ import pytest
 
 from grpo.model.loading import load_tokenizer
 from grpo.prompts import PromptStyle, build_prompt
-from grpo.rollout.base import SamplingParams, make_engine, vllm_importable
+from grpo.rollout.base import SamplingParams
+from grpo.rollout.engines import make_engine, vllm_importable
 from grpo.sent.scoring import batch_seed, max_sequence_length, score_questions, scorer_fingerprint
 
 STYLE = PromptStyle("tagged")

@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
 from grpo.config import parse_section
 from grpo.prompts import PromptStyle
-from grpo.train import loop as loop_module
 from grpo.train.loop import Trainer, TrainPaths, fingerprint
-from grpo.verify import rewards as rewards_module
-from grpo.verify.rewards import RewardResult
+from grpo.train.parts import build_parts
+from grpo.verify.rewards import REWARD_FUNCTIONS, RewardResult
 
 STYLE = PromptStyle("tagged")
 ROWS = [{"id": f"q{i}", "source": "t", "question": f"What is {i} + {i}?", "answer": str(2 * i),
@@ -21,14 +19,9 @@ ROWS = [{"id": f"q{i}", "source": "t", "question": f"What is {i} + {i}?", "answe
 
 
 def digit_share(completion: str, sample: dict, **_) -> RewardResult:
-    """A test reward that varies between random completions, so groups have non-zero advantages."""
+    """A test reward that varies between random completions, so groups have non-zero advantages; the
+    harness passes it to ``build_parts`` with the registered ones."""
     return RewardResult(sum(ch.isdigit() for ch in completion) / max(1, len(completion)), "digit share")
-
-
-@pytest.fixture
-def varied_reward(monkeypatch):
-    """Register ``digit_share``; a test module using the harness makes this fixture autouse."""
-    monkeypatch.setitem(rewards_module.REWARD_FUNCTIONS, "digit_share", digit_share)
 
 
 def params(**overrides):
@@ -41,39 +34,43 @@ def params(**overrides):
     return dataclasses.replace(base, rewards={"digit_share": 1.0}, **overrides)
 
 
-def run(tmp_path, tiny_model_dir, p, name: str) -> Trainer:
+def run(tmp_path, tiny_model_dir, p, name: str, trainer_class: type[Trainer] = Trainer) -> Trainer:
     paths = TrainPaths(tiny_model_dir, tmp_path / name / "checkpoints", tmp_path / name / "final",
                        tmp_path / name / "metrics", tmp_path / name / "logs" / "train.json")
-    trainer = Trainer(p, STYLE, paths, ROWS, ROWS[:2], None, fingerprint(p, STYLE, []))
+    parts = build_parts(p, STYLE, paths.base_model, paths.live, paths.measured, [row["id"] for row in ROWS], None,
+                        reward_functions={**REWARD_FUNCTIONS, "digit_share": digit_share})
+    trainer = trainer_class(p, STYLE, paths, ROWS, ROWS[:2], parts, fingerprint(p, STYLE, []))
     trainer.run()
     return trainer
 
 
-def kill_at_step(monkeypatch, step: int) -> None:
-    """Make the loop's ``step``-th call of grpo_step raise, like a kill after the previous checkpoint."""
-    real_step = loop_module.grpo_step
-    calls = {"n": 0}
+def killed_at(step: int) -> type[Trainer]:
+    """A Trainer whose ``step``-th step (counted in this run) raises, like a kill after the previous
+    checkpoint."""
 
-    def crashing(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == step:
-            raise KeyboardInterrupt(f"simulated kill at step {step}")
-        return real_step(*args, **kwargs)
+    class Killed(Trainer):
+        calls = 0
 
-    monkeypatch.setattr(loop_module, "grpo_step", crashing)
+        def train_step(self, prompts):
+            self.calls += 1
+            if self.calls == step:
+                raise KeyboardInterrupt(f"simulated kill at step {step}")
+            return super().train_step(prompts)
+
+    return Killed
 
 
-def record_rollouts(monkeypatch) -> list[list[list[int]]]:
-    """Record the sampled token ids of every step's rollouts (one list per step), as the loop runs."""
-    real_step, steps = loop_module.grpo_step, []
+class RecordingTrainer(Trainer):
+    """Records the sampled token ids of every step's rollouts in ``rollouts`` (one list per step)."""
 
-    def recording(*args, **kwargs):
-        metrics, rollouts, reasons = real_step(*args, **kwargs)
-        steps.append([c.token_ids for c in rollouts.completions])
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.rollouts: list[list[list[int]]] = []
+
+    def train_step(self, prompts):
+        metrics, rollouts, reasons = super().train_step(prompts)
+        self.rollouts.append([c.token_ids for c in rollouts.completions])
         return metrics, rollouts, reasons
-
-    monkeypatch.setattr(loop_module, "grpo_step", recording)
-    return steps
 
 
 def final_weights(tmp_path, name: str) -> dict[str, torch.Tensor]:

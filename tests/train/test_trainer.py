@@ -13,17 +13,15 @@ from grpo.measured import is_measured
 from grpo.train.checkpoint import list_checkpoints
 from grpo.train.tracking import logged
 from grpo.trainlog import read_steps, read_summary, read_validation
-from tests.train.harness import final_weights, kill_at_step, params, run
-from tests.train.harness import varied_reward as varied_reward  # noqa: F401 - a fixture, used below
+from tests.train.harness import final_weights, killed_at, params, run
 
-pytestmark = pytest.mark.usefixtures("varied_reward")
 
 
 def test_trains_only_lora_and_writes_outputs(tmp_path, tiny_model_dir):
     trainer = run(tmp_path, tiny_model_dir, params(), "plain")
-    lora = {id(p) for p in trainer.lora_params}
+    lora = {id(p) for p in trainer.parts.lora_params}
     assert all(not p.requires_grad for p in trainer.model.parameters() if id(p) not in lora)
-    assert all(p.dtype == torch.float32 for p in trainer.lora_params)
+    assert all(p.dtype == torch.float32 for p in trainer.parts.lora_params)
     weights = final_weights(tmp_path, "plain")
     assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in weights.items())
     summary = read_summary(tmp_path / "plain/metrics")
@@ -73,12 +71,10 @@ def tree(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def test_resume_after_crash_gives_the_same_adapter_and_logs(tmp_path, tiny_model_dir, monkeypatch):
+def test_resume_after_crash_gives_the_same_adapter_and_logs(tmp_path, tiny_model_dir):
     run(tmp_path, tiny_model_dir, params(), "uninterrupted")
-    with monkeypatch.context() as patch:
-        kill_at_step(patch, 3)  # after the step-2 checkpoint
-        with pytest.raises(KeyboardInterrupt):
-            run(tmp_path, tiny_model_dir, params(), "resumed")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path, tiny_model_dir, params(), "resumed", killed_at(3))  # after the step-2 checkpoint
     # DVCLive wrote each step as it finished, so `dvc exp show` / `dvc plots` follow a running experiment
     assert [row["step"] for row in read_steps(tmp_path / "resumed/metrics")] == [1, 2]
     assert read_summary(tmp_path / "resumed/metrics")["step"] == 2

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo.rollout.base import Completion
-from grpo.train.batch import build_batch, response_hidden_states
+from grpo.train.step import build_batch, response_hidden_states
 
 PAD, EOS = 0, 2
 

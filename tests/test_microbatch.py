@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.train.memory import AdaptiveBatchSize, FaultHook, InjectedOOM, phase_peak_memory, run_in_micro_batches
+from grpo.fault_injection import FaultHook, InjectedOOM
+from grpo.microbatch import AdaptiveBatchSize, micro_batches, phase_peak_memory
 
 
 def test_fault_hook_grammar():
@@ -24,12 +25,11 @@ def accumulate(weights: torch.nn.Parameter, data: torch.Tensor, spec: str, size:
     weights.grad = None
     sizer = AdaptiveBatchSize("train", size)
 
-    def work(rows: range) -> None:
-        x = data[rows.start : rows.stop]
-        loss = (x @ weights).pow(2).sum() / len(data)  # normalised over all rows, not the micro-batch
-        loss.backward()
-
-    run_in_micro_batches(range(len(data)), work, sizer, FaultHook(spec), step=0, params_with_grad=[weights])
+    for chunk in micro_batches(len(data), sizer, FaultHook(spec), step=0, params_with_grad=[weights]):
+        with chunk:
+            x = data[chunk.slice]
+            loss = (x @ weights).pow(2).sum() / len(data)  # normalised over all rows, not the micro-batch
+            loss.backward()
     return weights.grad.clone(), sizer
 
 
@@ -52,21 +52,22 @@ def test_oom_half_way_through_backward_is_rolled_back():
     weights.grad = None
     sizer, calls = AdaptiveBatchSize("train", 2), {"n": 0}
 
-    def work(rows: range) -> None:
-        loss = (data[rows.start : rows.stop] @ weights).pow(2).sum() / len(data)
-        loss.backward()
-        calls["n"] += 1
-        if calls["n"] == 2:
-            raise torch.OutOfMemoryError("after backward")
-
-    run_in_micro_batches(range(4), work, sizer, FaultHook(""), step=0, params_with_grad=[weights])
+    for chunk in micro_batches(4, sizer, FaultHook(""), step=0, params_with_grad=[weights]):
+        with chunk:
+            loss = (data[chunk.slice] @ weights).pow(2).sum() / len(data)
+            loss.backward()
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise torch.OutOfMemoryError("after backward")
     torch.testing.assert_close(weights.grad, expected)
 
 
 def test_oom_at_size_one_is_a_clear_error():
     sizer = AdaptiveBatchSize("train", 2)
     with pytest.raises(torch.OutOfMemoryError, match="micro-batch size 1"):
-        run_in_micro_batches(range(4), lambda rows: None, sizer, FaultHook("train:all"), step=3)
+        for chunk in micro_batches(4, sizer, FaultHook("train:all"), step=3):
+            with chunk:
+                pass
 
 
 def test_size_grows_back_after_clean_steps():
