@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from grpo.rollout.base import ENGINE_KINDS
 from grpo.stage_plans import planned_dtype
 
 STAGES = ("train", "sent", "evaluate")  # what `grpo.tune --stages` may name, in pipeline order
@@ -44,7 +45,7 @@ def _engines(current: str) -> list[str]:
     """SENT's engine candidates on a CPU: the current one (``auto`` stays ``auto``) and whichever engine it
     does not resolve to here (``auto`` is vLLM where it is installed: grpo/rollout/base.py)."""
     resolved = current if current != "auto" else ("vllm" if importlib.util.find_spec("vllm") else "native")
-    return [current] + [e for e in ("native", "vllm") if e != resolved]
+    return [current] + [e for e in ENGINE_KINDS if e not in ("auto", resolved)]
 
 
 def knob_values(stage: str, raw: dict[str, Any], gpu: bool) -> dict[str, list[Any]]:
