@@ -82,12 +82,18 @@ REWARDS = (
 )
 
 
-def subset_of(allowed: tuple[str, ...]) -> Check:
+def subset_of(allowed: tuple[Any, ...]) -> Check:
+    kind = "names" if all(isinstance(a, str) for a in allowed) else "values"
+
     def check(values: Any) -> str | None:
         bad = [v for v in values if v not in allowed]
-        return None if not bad else f"names from {', '.join(allowed)} (got {', '.join(map(str, bad))})"
+        return None if not bad else f"{kind} from {', '.join(map(str, allowed))} (got {', '.join(map(str, bad))})"
 
     return check
+
+
+# difficulty levels of the synthetic arithmetic task (grpo/data/synthetic.py generates them; this is the one list)
+ARITH_LEVELS = (0, 1, 2, 3)
 
 
 # SENT curriculum orders (grpo/sent/curriculum.py ORDER_KEYS): learning signal first, or the seed engine's
@@ -126,6 +132,9 @@ class PrepareParams:
     max_eval: dict[str, int] = _check(each(positive), default_factory=dict)  # per benchmark cap
     max_unparsable_fraction: float = _check(unit, default=0.01)
     seed: int = 0
+    # the arith dataset's difficulty levels, cycled through row by row (0: one single-digit addition)
+    arith_levels: list[int] = _check(lambda v: non_empty(v) or subset_of(ARITH_LEVELS)(v),
+                                     default_factory=lambda: [1, 2, 3])
 
 
 @dataclass(frozen=True)
