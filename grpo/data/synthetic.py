@@ -8,7 +8,7 @@ Difficulty levels (``grpo.config.ARITH_LEVELS``, 0 to ``MAX_LEVEL``):
 
 - Level 0: one addition of single-digit amounts ("Ava has 7 apples. Then Ava buys 5 more apples. How
   many apples does Ava have now?"), which SmolLM2-135M-Instruct partly solves. There are only 64
-  distinct sums (2-9 plus 2-9), so held-out questions share their sum with training ones under other
+  distinct additions (2-9 plus 2-9), so held-out questions repeat training ones' additions under other
   names, items and verbs: a lift on level 0 measures doing the one step and stating the number, not
   new arithmetic.
 - Level L >= 1: L operations after a starting amount of 3 to 30. Each adds, removes or (from level 2)
