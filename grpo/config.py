@@ -18,6 +18,7 @@ import yaml
 
 from grpo.algo.choices import ADVANTAGE_SCALES, LOSS_TYPES
 from grpo.data.registry import EVAL, REGISTRY
+from grpo.data.synthetic import ARITH_LEVELS
 from grpo.prompts import STYLES
 from grpo.rollout.base import ENGINE_KINDS, GENERATION_BACKENDS
 from grpo.sent.curriculum import ORDER_KEYS
@@ -87,10 +88,12 @@ LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", 
 REWARDS = tuple(REWARD_FUNCTIONS)
 
 
-def subset_of(allowed: tuple[str, ...]) -> Check:
+def subset_of(allowed: tuple[Any, ...]) -> Check:
+    kind = "names" if all(isinstance(a, str) for a in allowed) else "values"
+
     def check(values: Any) -> str | None:
         bad = [v for v in values if v not in allowed]
-        return None if not bad else f"names from {', '.join(allowed)} (got {', '.join(map(str, bad))})"
+        return None if not bad else f"{kind} from {', '.join(map(str, allowed))} (got {', '.join(map(str, bad))})"
 
     return check
 
@@ -131,6 +134,9 @@ class PrepareParams:
     max_eval: dict[str, int] = _check(each(positive), default_factory=dict)  # per benchmark cap
     max_unparsable_fraction: float = _check(unit, default=0.01)
     seed: int = 0
+    # the arith dataset's difficulty levels, cycled through row by row (0: one single-digit addition)
+    arith_levels: list[int] = _check(lambda v: non_empty(v) or subset_of(ARITH_LEVELS)(v),
+                                     default_factory=lambda: [1, 2, 3])
 
 
 @dataclass(frozen=True)

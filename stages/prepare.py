@@ -26,6 +26,7 @@ def main(params, args) -> None:
         source=p.source,
         data_dir=BUNDLED,
         max_unparsable_fraction=p.max_unparsable_fraction,
+        arith_levels=p.arith_levels,
     )
     write_prepared(prepared, OUT, METRICS)
 

@@ -44,10 +44,31 @@ def test_rocm_preset_is_the_llama_run_card():
 def test_arith_cpu_preset_is_the_default_model_on_the_synthetic_task():
     preset = load_params(PRESETS / "arith-cpu.yaml", list(SECTIONS))
     default = load_params(PRESETS.parent / "params.yaml", list(SECTIONS))
-    assert preset["model"] == default["model"] and preset["prompt"] == default["prompt"]
+    assert preset["model"] == default["model"]
+    assert (preset["prompt"].style, preset["prompt"].prefill) == (default["prompt"].style, default["prompt"].prefill)
     assert preset["prepare"].train_sources == ["arith"] and "arith" in preset["prepare"].benchmarks
     assert preset["prepare"].benchmarks == default["prepare"].benchmarks  # the evaluate matrix of dvc.yaml
+    assert preset["prepare"].arith_levels == [0] and preset["prepare"].max_eval["arith"] == 256
+    assert (preset["train"].lr, preset["train"].group_size) == (1e-3, 4)  # the settings of the +12.5-point run
     assert preset["sent"].order == "signal"
+
+
+def test_arith_cpu_prompt_asks_for_what_the_rewards_parse():
+    from grpo.prompts import TAGGED_SYSTEM_PROMPT, PromptStyle, full_response
+    from grpo.verify.rewards import compute_rewards
+
+    p = load_params(PRESETS / "arith-cpu.yaml", list(SECTIONS))
+    prompt, train = p["prompt"], p["train"]
+    assert prompt.system_prompt.startswith(TAGGED_SYSTEM_PROMPT)  # the layout the format rewards check
+    assert "only the final number" in prompt.system_prompt  # what integer_answer and correctness read
+    # a completion that does what the prompt says, after the style's prefill, collects every reward
+    style = PromptStyle(prompt.style, prompt.system_prompt, prompt.prefill)
+    response = full_response(style, "7 + 5 = 12\n</reasoning>\n<answer>\n12\n</answer>")
+    row = {"question": "Ava has 7 apples. Then Ava buys 5 more apples. How many apples does Ava have now?",
+           "answer": "12", "answer_type": "integer"}
+    rewards = compute_rewards([response], [row], train.rewards, ["stop"], [16], train.max_response_length)
+    assert rewards.totals[0] == pytest.approx(sum(train.rewards.values()) - 0.5 * train.rewards["tag_count"])
+    assert all(v[0] == (0.5 if name == "tag_count" else 1.0) for name, v in rewards.per_fn.items())
 
 
 def test_h200_preset_is_larger_than_the_8gb_one():

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,10 +38,12 @@ class LoadedRows:
 
 
 def load_dataset_rows(name: str, split_role: str, source: str = "auto", data_dir: Path = BUNDLED_DIR,
-                      max_unparsable_fraction: float = 0.01, seed: int = 0) -> LoadedRows:
+                      max_unparsable_fraction: float = 0.01, seed: int = 0,
+                      levels: Sequence[int] | None = None) -> LoadedRows:
     """Load dataset ``name`` for ``split_role`` ("train" or "eval") from ``source``: "bundled" (files under
     ``data_dir``), "hub" (``datasets.load_dataset``) or "auto" (bundled when the files exist, else hub).
-    A generated dataset ignores ``source`` and is generated from ``seed``.
+    A generated dataset ignores ``source`` and is generated from ``seed`` at difficulty ``levels``
+    (None: its default levels); other datasets ignore ``levels``.
     Raises DataError when more than ``max_unparsable_fraction`` of the gold answers do not parse."""
     spec = get_spec(name)
     if split_role not in spec.splits:
@@ -50,8 +52,10 @@ def load_dataset_rows(name: str, split_role: str, source: str = "auto", data_dir
         raise DataError(f"unknown source {source!r}; allowed: {', '.join(SOURCES)}")
     split = spec.splits[split_role]
     if spec.generate is not None:
+        generated = spec.generate(split.hub_split, seed) if levels is None else \
+            spec.generate(split.hub_split, seed, levels)
         records = ((f"{name} ({split.hub_split}, seed {seed}): row {n}", record)
-                   for n, record in enumerate(spec.generate(split.hub_split, seed), start=1))
+                   for n, record in enumerate(generated, start=1))
         return _to_rows(spec, split_role, records, f"generated:seed {seed}", max_unparsable_fraction)
     if source == "auto":
         source = "bundled" if split.files and all((Path(data_dir) / f).is_file() for f in split.files) else "hub"

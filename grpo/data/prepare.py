@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,11 +40,13 @@ class PreparedData:
 def prepare_datasets(train_sources: list[str], eval_benchmarks: list[str], val_fraction: float,
                      max_train: int | None, max_val: int | None, max_eval: dict[str, int | None], seed: int,
                      source: str = "auto", data_dir: Path = BUNDLED_DIR,
-                     max_unparsable_fraction: float = 0.01) -> PreparedData:
+                     max_unparsable_fraction: float = 0.01,
+                     arith_levels: Sequence[int] | None = None) -> PreparedData:
     """Build the train/val split and the eval sets (see the module docstring for the steps).
-    ``max_eval`` maps a benchmark to its cap; a missing benchmark or None means no cap."""
+    ``max_eval`` maps a benchmark to its cap; a missing benchmark or None means no cap. ``arith_levels``:
+    the generated datasets' difficulty levels, for training and evaluation alike (None: their default)."""
     def load(name: str, role: str) -> LoadedRows:
-        return load_dataset_rows(name, role, source, Path(data_dir), max_unparsable_fraction, seed)
+        return load_dataset_rows(name, role, source, Path(data_dir), max_unparsable_fraction, seed, arith_levels)
 
     ignored = sorted(set(max_eval) - set(eval_benchmarks))
     if ignored:

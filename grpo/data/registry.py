@@ -43,8 +43,9 @@ class DatasetSpec:
     id_field: str | None = None  # the dataset's own unique id; None: the row's index in its split
     meta_fields: Mapping[str, str] = field(default_factory=dict)  # meta key → field path, kept when present
     clean_question: Callable[[str], str] | None = None
-    # a generated dataset: (hub_split, seed) → its records; no files, no hub, whatever prepare.source says
-    generate: Callable[[str, int], list[dict]] | None = None
+    # a generated dataset: (hub_split, seed[, levels]) → its records; no files, no hub, whatever
+    # prepare.source says (levels: prepare.arith_levels, the difficulty levels the rows cycle through)
+    generate: Callable[..., list[dict]] | None = None
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -107,7 +108,7 @@ REGISTRY: dict[str, DatasetSpec] = {spec.name: spec for spec in [
         license="MIT", meta_fields={"url": "url"},
     ),
     DatasetSpec(
-        # grpo/data/synthetic.py: multi-step integer word problems from prepare.seed, levels 1 to 3
+        # grpo/data/synthetic.py: integer word problems from prepare.seed at prepare.arith_levels (0 to 3)
         name="arith", hub_id="", hub_config=None,
         splits={TRAIN: SplitSource("train"), EVAL: SplitSource("test")},
         question_field="question", answer_field="answer", parse_answer=parse_numeric, answer_types=(INTEGER,),

@@ -99,7 +99,8 @@ def test_prepare_counts_unparsable_gold_answers_under_the_threshold(tmp_path, mo
     ({"val_fraction": "a lot"}, "prepare.val_fraction: expected a number, got 'a lot'"),
     ({"max_unparsable_fraction": 1.5}, "prepare.max_unparsable_fraction: got 1.5; allowed: a number in [0, 1]"),
     ({"max_trian": 5}, "prepare.max_trian: unknown key; allowed keys: source"),
-], ids=["wrong-type", "out-of-range", "unknown-key"])
+    ({"arith_levels": [1, 4]}, "prepare.arith_levels: got [1, 4]; allowed: values from 0, 1, 2, 3 (got 4)"),
+], ids=["wrong-type", "out-of-range", "unknown-key", "unknown-arith-level"])
 def test_prepare_stops_on_bad_params(tmp_path, monkeypatch, capsys, prepare, message):
     write_bundled(tmp_path, "gsm8k/train.jsonl", gsm8k_lines(8))
     code, err = run_stage(tmp_path, "prepare", {"prepare": {**PREPARE, **prepare}}, monkeypatch, capsys)
