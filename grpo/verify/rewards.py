@@ -90,8 +90,15 @@ def correctness_strict(completion: str, sample: Mapping, *, finish_reason: str =
     return _correctness(completion, sample, finish_reason, "strict")
 
 
+# A template's placeholder in place of an answer: "<value>", "<final number>", "[answer]". The arith-cpu
+# run learned to write `<answer>\n<value>\n</answer>` (every format reward paid, correctness 0 at every
+# step; bench/RESULTS.md, "arith-cpu on level 0"): a placeholder states nothing, as an empty tag does.
+_PLACEHOLDER = re.compile(r"<[A-Za-z][A-Za-z _-]*>|\[[A-Za-z][A-Za-z _-]*\]")
+
+
 def _states_answer(completion: str, mode: str, finish_reason: str) -> bool:
-    return extract_answer(completion, mode=mode, finish_reason=finish_reason) is not None
+    answer = extract_answer(completion, mode=mode, finish_reason=finish_reason)
+    return answer is not None and not _PLACEHOLDER.fullmatch(answer)
 
 
 @reward

@@ -44,7 +44,7 @@ def test_fires_on_the_issue_run():
     assert "`tagged_format_strict` rose from 0.18 to 0.86" in evidence
     assert "`integer_answer` fell from 0.12 to 0.02" in evidence
     assert "final on gsm8k: answer rate 0.54 → 0.00 (base → final)" in evidence
-    assert "correctness was zero at every step" in evidence
+    assert "correctness did not rise (0.00 over the first five steps, 0.00 over the last five)" in evidence
     assert evidence[-1] == "88% of groups had no reward variance (no gradient)"
 
 
@@ -53,7 +53,27 @@ def test_fires_on_the_evaluation_collapse_alone():
     assert gaming_evidence(flat_training, None) == []
     evidence = gaming_evidence(flat_training, GAMED_EVAL)
     assert "final on gsm8k: answer rate 0.54 → 0.00 (base → final)" in evidence
-    assert evidence[-1] == "correctness was zero at every step"  # few zero-variance groups: not evidence
+    assert evidence[-1].startswith("correctness did not rise")  # few zero-variance groups: not evidence
+
+
+def test_fires_on_a_placeholder_run_with_a_few_early_correct_rollouts():
+    """The arith-cpu run of 2026-12-05 (its training log's figures, 12 steps): a few correct rollouts in
+    the middle, none at the end, every format reward up, `<answer>\n<value>\n</answer>` at the end, and
+    the final model's arith pass@1 0.145 -> 0.000: correctness never at zero throughout, yet no rise."""
+    n = 12
+    steps = pd.DataFrame({
+        "step": range(1, n + 1),
+        "rewards/correctness/mean": [0, 0, 0, 0, 0.062, 0.062, 0.062, 0, 0, 0, 0, 0],
+        "rewards/integer_answer/mean": [0, 0, 0.062, 0.062, 0.25, 0.25, 0.125, 0.062, 0, 0, 0.062, 0],
+        "rewards/tagged_format_strict/mean": [0, 0, 0, 0, 0.062, 0.188, 0.125, 0.188, 0.5, 0.75, 0.875, 0.688],
+        "completions/mean_length": [60.0] * n,
+    })
+    eval_data = {"base": {"arith": {"pass@1": 0.145, "answer_rate": 0.4, "mean_length": 58.0}},
+                 "final": {"arith": {"pass@1": 0.0, "answer_rate": 0.9, "mean_length": 20.0}}}
+    evidence = gaming_evidence(steps, eval_data)
+    assert "`integer_answer` fell from 0.07 to 0.02" in evidence
+    assert "final on arith: pass@1 0.14 → 0.00 (base → final)" in evidence
+    assert evidence[-1] == "correctness did not rise (0.01 over the first five steps, 0.00 over the last five)"
 
 
 def test_silent_on_a_learning_run():

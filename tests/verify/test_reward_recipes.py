@@ -1,6 +1,6 @@
 """The shipped reward recipes (params.yaml and every preset) never make saying nothing the best policy:
-an empty answer template scores no more than any real attempt that states a (wrong) answer within the
-response budget. Under the old format rewards the tagged recipe paid the empty template 1.5 and a
+an empty answer template, or one holding a template's placeholder ("<value>"), scores no more than any
+real attempt that states a (wrong) answer within the response budget. Under the old format rewards the tagged recipe paid the empty template 1.5 and a
 plain wrong attempt 0.5, and the default run learned to answer nothing (issue 19)."""
 from __future__ import annotations
 
@@ -18,8 +18,12 @@ ROW = {"question": "What is 6 times 7?", "answer": "42", "answer_type": "integer
 
 EMPTY = {  # what a policy that has learned the layout but says nothing writes, in each style
     "tagged": ["<reasoning>\n\n</reasoning>\n<answer>\n\n</answer>", "<reasoning>\n\n</reasoning>\n<answer>\n\n</answer>\n",
-               "<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>", "<reasoning>\n</reasoning>\n<answer>\n</answer>"],
-    "r1": ["<think>\n\n</think>\n\\boxed{}", "<think>\n\n</think>\n", "<think>\n...\n</think>\nThe answer is \\boxed{}."],
+               "<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>", "<reasoning>\n</reasoning>\n<answer>\n</answer>",
+               # placeholders copied from a prompt's template (the arith-cpu run learned the first one)
+               "<reasoning>\n...\n</reasoning>\n<answer>\n<value>\n</answer>\n",
+               "<reasoning>\n...\n</reasoning>\n<answer>\n<final number>\n</answer>", "<reasoning>\n.\n</reasoning>\n<answer>\n[answer]\n</answer>"],
+    "r1": ["<think>\n\n</think>\n\\boxed{}", "<think>\n\n</think>\n", "<think>\n...\n</think>\nThe answer is \\boxed{}.",
+           "<think>\n...\n</think>\n\\boxed{<answer>}"],
 }
 ATTEMPTS = [  # wrong answers, stated in either layout or in none
     "<reasoning>\n6 times 7 is 41.\n</reasoning>\n<answer>\n41\n</answer>",
