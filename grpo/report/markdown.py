@@ -82,7 +82,7 @@ def _summary(inp: ReportInputs) -> list[Block]:
     gaming = gaming_evidence(inp.steps, inp.eval)
     if gaming:
         blocks += [Para("**Warning: this run games its rewards.** The format rewards rose while the model "
-                        "stopped answering and correctness stayed at zero, so the reward measures the template, "
+                        "stopped answering and correctness did not rise, so the reward measures the template, "
                         "not the answers (grpo/report/gaming.py):"), Bullets(gaming)]
     benches = eval_benchmarks(inp.eval)
     if not benches:
