@@ -90,15 +90,16 @@ def correctness_strict(completion: str, sample: Mapping, *, finish_reason: str =
     return _correctness(completion, sample, finish_reason, "strict")
 
 
-# A template's placeholder in place of an answer: "<value>", "<final number>", "[answer]". The arith-cpu
-# run learned to write `<answer>\n<value>\n</answer>` (every format reward paid, correctness 0 at every
-# step; bench/RESULTS.md, "arith-cpu on level 0"): a placeholder states nothing, as an empty tag does.
-_PLACEHOLDER = re.compile(r"<[A-Za-z][A-Za-z _-]*>|\[[A-Za-z][A-Za-z _-]*\]")
+# A template's placeholders in place of an answer: "<value>", "<total>\n<initial number>\n<remarks>",
+# "[answer]". The arith-cpu runs learned `<answer>\n<value>\n</answer>` and then, once a lone placeholder
+# no longer paid, several of them (every format reward paid, correctness 0; bench/RESULTS.md, "arith-cpu
+# on level 0"): an answer with nothing but placeholders and punctuation states nothing, as an empty tag.
+_PLACEHOLDER = re.compile(r"</?[A-Za-z][A-Za-z0-9 _-]*>|\[[A-Za-z][A-Za-z _-]*\]")
 
 
 def _states_answer(completion: str, mode: str, finish_reason: str) -> bool:
     answer = extract_answer(completion, mode=mode, finish_reason=finish_reason)
-    return answer is not None and not _PLACEHOLDER.fullmatch(answer)
+    return answer is not None and any(c.isalnum() for c in _PLACEHOLDER.sub("", answer))
 
 
 @reward

@@ -21,7 +21,10 @@ EMPTY = {  # what a policy that has learned the layout but says nothing writes, 
                "<reasoning>\n...\n</reasoning>\n<answer>\n...\n</answer>", "<reasoning>\n</reasoning>\n<answer>\n</answer>",
                # placeholders copied from a prompt's template (the arith-cpu run learned the first one)
                "<reasoning>\n...\n</reasoning>\n<answer>\n<value>\n</answer>\n",
-               "<reasoning>\n...\n</reasoning>\n<answer>\n<final number>\n</answer>", "<reasoning>\n.\n</reasoning>\n<answer>\n[answer]\n</answer>"],
+               "<reasoning>\n...\n</reasoning>\n<answer>\n<final number>\n</answer>", "<reasoning>\n.\n</reasoning>\n<answer>\n[answer]\n</answer>",
+               # ... and several of them (the next run learned these once a lone placeholder stopped paying)
+               "<reasoning>\n...\n</reasoning>\n<answer>\n<total>\n<initial number>\n<remarks>\n</remarks>\n</answer>\n",
+               "<reasoning>\n...\n</reasoning>\n<answer>\n<total>\n...\n</answer>"],
     "r1": ["<think>\n\n</think>\n\\boxed{}", "<think>\n\n</think>\n", "<think>\n...\n</think>\nThe answer is \\boxed{}.",
            "<think>\n...\n</think>\n\\boxed{<answer>}"],
 }

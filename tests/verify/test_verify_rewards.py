@@ -206,3 +206,15 @@ def test_compute_rewards_rejects_unknown_names():
 def test_compute_rewards_rejects_mismatched_lengths():
     with pytest.raises(ValueError, match="differ in length"):
         compute_rewards(["x", "y"], [ROW], {"correctness": 1.0}, ["stop"], [1], 10)
+
+
+@pytest.mark.parametrize("answer, states", [
+    ("<value>", False), ("<total>\n<initial number>\n<remarks>\n</remarks>", False), ("<total>\n...", False),
+    ("[answer]", False),
+    # real answers that hold angle brackets, square brackets or a tag next to content still count
+    ("42", True), ("x < 5", True), ("[2, 3]", True), ("<total> 17", True), ("all real numbers", True),
+])
+def test_format_rewards_do_not_pay_template_placeholders(answer, states):
+    completion = f"<reasoning>\nadd them\n</reasoning>\n<answer>\n{answer}\n</answer>"
+    paid = tagged_format_strict(completion, {"answer": "17"}).value
+    assert paid == (1.0 if states else 0.0), (answer, paid)
