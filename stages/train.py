@@ -11,6 +11,7 @@ from pathlib import Path
 
 from grpo.cli import run_stage
 from grpo.io import read_jsonl
+from grpo.lineage import ROOT, closure
 from grpo.measured import TRAIN as MEASURED
 from grpo.prompts import PromptStyle
 from grpo.sent.curriculum import load_curriculum
@@ -22,6 +23,13 @@ PREPARED = Path("data/prepared")
 CURRICULUM = Path("data/sent/curriculum.json")
 PATHS = TrainPaths(base_model=Path("models/base"), checkpoints=Path("models/checkpoints"),
                    final=Path("models/final"), live=LIVE_DIR, measured=MEASURED)
+
+
+def code_files(root: Path = ROOT) -> list[Path]:
+    """The code this stage runs (its import closure: the files dvc.yaml lists as its code deps). They are
+    part of the run's fingerprint: after a code change DVC reruns the stage, and resuming the old code's
+    checkpoints would record their adapter against the new code in dvc.lock."""
+    return sorted(root / path for path in closure(root, "stages.train"))
 
 
 def main(params, args) -> None:
@@ -36,7 +44,7 @@ def main(params, args) -> None:
     if stages is not None:
         inputs.append(CURRICULUM)
     parts = build_parts(p, style, PATHS.base_model, PATHS.live, PATHS.measured, [row["id"] for row in train_rows], stages)
-    trainer = Trainer(p, style, PATHS, train_rows, val_rows, parts, fingerprint(p, style, inputs))
+    trainer = Trainer(p, style, PATHS, train_rows, val_rows, parts, fingerprint(p, style, inputs + code_files()))
     trainer.run()
 
 
