@@ -42,9 +42,9 @@ def _dtypes(current: str) -> list[str]:
 
 
 def _engines(current: str) -> list[str]:
-    """SENT's engine candidates on a CPU: the current one (``auto`` stays ``auto``) and whichever engine it
-    does not resolve to here (``auto`` is vLLM where it is installed: grpo/rollout/base.py)."""
-    resolved = current if current != "auto" else ("vllm" if importlib.util.find_spec("vllm") else "native")
+    """SENT's engine candidates on a CPU where vLLM is installed: the current one (``auto`` stays ``auto``)
+    and the engine it does not resolve to (there ``auto`` is vLLM: grpo/rollout/engines.py)."""
+    resolved = "vllm" if current == "auto" else current
     return [current] + [e for e in ENGINE_KINDS if e not in ("auto", resolved)]
 
 
