@@ -7,14 +7,15 @@ bench/r1_model.py, presets/rtx3060ti-8gb.yaml, its data caps) by running its bas
 then runs the jobs in order, each cut at the call's deadline:
 - ``tune:CAP``: ``python -m grpo.tune --budget-gib CAP --stages train`` (each trial the train stage in its
   own process with its allocator capped to CAP; 8/16/24 GiB cards less a CUDA context: 7.5/15.5/23.5);
-- ``profile:CAP``: ``python -m grpo.profile --steps 1 --budget-gib CAP`` (trace, CUDA memory snapshot,
-  phase table);
+- ``profile:CAP``: ``python -m grpo.profile --steps N --budget-gib CAP`` (N: ``--profile-steps``; trace, CUDA
+  memory snapshot, phase table, live memory by owner);
 - ``steady:CAP``: bench/steady_step.py, the shipped settings and ``--winner``, each over ``--steps`` measured steps;
 - ``trl``: TRL's GRPOTrainer at the same shape (``--trl-script``, the reference bench carried in ``.gpu/``;
   needs the trl/datasets/dill/multiprocess wheels installed on the device).
 The tuner caches each finished trial; caches found in ``bench/results/gpu_tune/`` (carried in the tree)
 seed the run, so a call cut by its deadline is continued by the next. Results go to $OUT/gpu_tune/ (the
-caches, the trials' logs in trial_logs.tar.gz, runs.json and the profile's files: within the device's 8 files).
+caches, the trials' logs in trial_logs.tar.gz, runs.json, the profile's trace and snapshot, and its table, plot and
+live-memory record in profile.tar.gz: within the device's 8 files).
 Random weights: times and memory are real, answers are not.
 """
 from __future__ import annotations
@@ -55,7 +56,7 @@ def job_command(job: str, args: argparse.Namespace, out: Path) -> tuple[list[str
         return [sys.executable, "-m", "grpo.tune", "--budget-gib", cap, "--stages", "train",
                 "--steps", str(args.steps), "--trials-s", str(args.trial_s)], {}
     if kind == "profile":
-        return [sys.executable, "-m", "grpo.profile", "--steps", "1", "--budget-gib", cap,
+        return [sys.executable, "-m", "grpo.profile", "--steps", str(args.profile_steps), "--budget-gib", cap,
                 "--out", str(WORK / "logs" / "profile")], {}
     if kind == "steady":  # the shipped settings and the tuner's winner, each over more steps
         return [sys.executable, str(ROOT / "bench" / "steady_step.py"), "--project", str(WORK), "--out", str(out),
@@ -72,6 +73,8 @@ def main() -> int:
     parser.add_argument("--deadline-s", type=float, default=560.0, help="the whole call, set-up included")
     parser.add_argument("--steps", type=int, default=3, help="measured training steps a trial (after a warm-up)")
     parser.add_argument("--trial-s", type=float, default=150.0)
+    parser.add_argument("--profile-steps", type=int, default=2,
+                        help="traced steps (2: three step starts in the live-memory table)")
     parser.add_argument("--trl-script", default=".gpu/reference-bench/trl_anchor.py")
     parser.add_argument("--winner", default='{"train.generation_batch_size": 64}', help="steady job: JSON settings")
     args = parser.parse_args()
@@ -95,11 +98,22 @@ def main() -> int:
         runs.append({"job": job, **run(cmd, left, env)})
         if job.startswith("tune"):
             save_tuner_output(out)  # after every tune job, so a later timeout loses nothing
-    for name in ("phases.txt", "phases.json", "memory.png", "memory_snapshot.pickle", "trace.json.gz"):
-        if (WORK / "logs" / "profile" / name).exists():
-            shutil.copy(WORK / "logs" / "profile" / name, out / name)
+    save_profile_output(WORK / "logs" / "profile", out)
     (out / "runs.json").write_text(json.dumps(runs, indent=1))
     return 0
+
+
+def save_profile_output(profile: Path, out: Path) -> None:
+    """The trace and the snapshot as files (the large ones), the rest in profile.tar.gz (8 files come back)."""
+    for name in ("memory_snapshot.pickle", "trace.json.gz"):
+        if (profile / name).exists():
+            shutil.copy(profile / name, out / name)
+    small = [profile / name for name in ("phases.txt", "phases.json", "memory.png", "live_memory.json")
+             if (profile / name).exists()]
+    if small:
+        with tarfile.open(out / "profile.tar.gz", "w:gz") as tar:
+            for path in small:
+                tar.add(path, arcname=path.name)
 
 
 def save_tuner_output(out: Path) -> None:

@@ -12,7 +12,10 @@ and data, a scratch project, its own process; on a GPU the allocator capped at `
   allocated memory over the run drawn offline (torch's own HTML viewer loads its script from the network);
 - ``phases.txt`` / ``phases.json``: per phase, wall time, GPU busy time (CUDA kernels launched from the
   phase's thread; backward kernels start on autograd's thread and are not counted there) and the peak
-  memory of the training log (CUDA allocated, or on CPU the process's resident set).
+  memory of the training log (CUDA allocated, or on CPU the process's resident set);
+- on CUDA, ``live_memory.json`` and a table in ``phases.txt``: what is allocated as each training step
+  starts, by the code that allocated it, so memory a run keeps between steps (and memory that grows from
+  step to step) has an owner.
 """
 from __future__ import annotations
 
@@ -46,8 +49,10 @@ def profiled(out: Path, cuda: bool, measured_steps: int) -> Iterator[None]:
 
     out.mkdir(parents=True, exist_ok=True)
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    live = LiveMemory()
     if cuda:
         torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")  # C++ stacks: too big
+        STEP_START_HOOKS.append(live)
     schedule = torch.profiler.schedule(wait=2, warmup=0, active=measured_steps, repeat=1)  # 0: loading, 1: warm-up
     with torch.profiler.profile(activities=activities, schedule=schedule) as prof:
         STEP_START_HOOKS.append(prof.step)
@@ -62,8 +67,67 @@ def profiled(out: Path, cuda: bool, measured_steps: int) -> Iterator[None]:
     trace.unlink()
     (out / "phase_events.json").write_text(json.dumps(phase_times(prof.events())))
     if cuda:
+        STEP_START_HOOKS.remove(live)
+        (out / "live_memory.json").write_text(json.dumps(live.steps))
         torch.cuda.memory._dump_snapshot(str(out / "memory_snapshot.pickle"))
         torch.cuda.memory._record_memory_history(enabled=None)
+
+
+class LiveMemory:
+    """A step-start hook: CUDA memory allocated at that moment, by owner (``live_by_owner``)."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+
+    def __call__(self) -> None:
+        import torch
+
+        self.steps.append({"allocated": torch.cuda.memory_allocated(), "reserved": torch.cuda.memory_reserved(),
+                           "owners": live_by_owner(torch.cuda.memory_snapshot())})
+
+
+def owner(frames: list[dict]) -> str:
+    """Who allocated a block: the innermost frame of the project's code (grpo/, stages/) in its recorded
+    stack, else its innermost frame; ``(no stack)`` when it was allocated before recording began."""
+    if not frames:
+        return "(no stack)"
+    for frame in frames:  # innermost first
+        name = frame["filename"].replace("\\", "/")
+        for root in ("/grpo/", "/stages/"):
+            if root in name and not name.endswith("/grpo/profile.py"):
+                return f"{root[1:]}{name.split(root, 1)[1]}:{frame['line']} {frame['name']}"
+    return f"{frames[0]['filename'].rsplit('/', 1)[-1]}:{frames[0]['line']} {frames[0]['name']}"
+
+
+def live_by_owner(segments: list[dict]) -> dict[str, int]:
+    """Bytes of the allocated blocks of a ``torch.cuda.memory_snapshot()``, summed by ``owner``."""
+    owners: dict[str, int] = {}
+    for segment in segments:
+        for block in segment.get("blocks", []):
+            if block.get("state") == "active_allocated":
+                who = owner(block.get("frames") or [])
+                owners[who] = owners.get(who, 0) + block["size"]
+    return owners
+
+
+def live_table(steps: list[dict[str, Any]], top: int = 12) -> list[str]:
+    """The owners holding the most at the last step start, GiB at each step start and the growth; the
+    rest summed as one row."""
+    if not steps:
+        return []
+    last = steps[-1]["owners"]
+    names = sorted(last, key=last.get, reverse=True)[:top]
+    heads = "".join(f"{f'step {i}':>9}" for i in range(len(steps)))
+    lines = [f"allocated at each training step's start, GiB, by owner (step 0: the warm-up)",
+             f"{'owner':<64}{heads}{'growth':>9}"]
+    rows = [(name, [s["owners"].get(name, 0) for s in steps]) for name in names]
+    rows.append(("(the rest)", [sum(v for k, v in s["owners"].items() if k not in names) for s in steps]))
+    rows.append(("total allocated", [s["allocated"] for s in steps]))
+    rows.append(("reserved by the allocator", [s["reserved"] for s in steps]))
+    for name, sizes in rows:
+        cells = "".join(f"{b / GIB:>9.3f}" for b in sizes)
+        lines.append(f"{name[:63]:<64}{cells}{(sizes[-1] - sizes[0]) / GIB:>+9.3f}")
+    return lines
 
 
 def phase_times(events: Any) -> dict[str, list[dict[str, float]]]:
@@ -173,10 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         span, peak = memory_png(out / "memory_snapshot.pickle", out / "memory.png")
         lines.append(f"memory.png: the allocator's last {span:.0f} s, peak {peak:.2f} GiB allocated in them")
+        lines += live_table(json.loads((out / "live_memory.json").read_text()))
     (out / "phases.json").write_text(json.dumps({"rows": rows, "step_s": outcome.speed, "outcome": outcome.status}))
     (out / "phases.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    print(f"wrote {out}/: trace.json.gz" + (", memory_snapshot.pickle, memory.png" if cuda else "") + ", phases.txt")
+    extra = ", memory_snapshot.pickle, memory.png, live_memory.json" if cuda else ""
+    print(f"wrote {out}/: trace.json.gz{extra}, phases.txt")
     return 0
 
 

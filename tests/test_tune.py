@@ -170,3 +170,38 @@ def test_memory_png_anchors_the_history_at_what_is_allocated_at_the_end(tmp_path
     span, peak = memory_png(snapshot, tmp_path / "memory.png")
     assert (span, peak) == (3.0, 4.0)
     assert (tmp_path / "memory.png").stat().st_size > 0
+
+
+def test_live_memory_is_summed_by_the_innermost_project_frame_and_tabled_with_its_growth():
+    """Blocks in torch's snapshot format: two owners in grpo/, one stack with no project frame, one block
+    allocated before recording, an inactive (free) block that counts for nobody. (A hand-built snapshot:
+    CUDA cannot run here.)"""
+    from grpo.profile import live_by_owner, live_table
+
+    mib = 2**20
+    cache = [{"filename": "/x/torch/nn/functional.py", "line": 9, "name": "pad"},
+             {"filename": "/proj/grpo/rollout/static_decode.py", "line": 40, "name": "alloc_cache"},
+             {"filename": "/proj/stages/train.py", "line": 5, "name": "main"}]
+    adam = [{"filename": "/proj/grpo/profile.py", "line": 1, "name": "hook"},
+            {"filename": "/proj/grpo/train/step.py", "line": 7, "name": "step"}]
+    torch_only = [{"filename": "/x/torch/optim/adamw.py", "line": 3, "name": "_init_group"}]
+    segments = [{"blocks": [{"size": 512 * mib, "state": "active_allocated", "frames": cache},
+                            {"size": 256 * mib, "state": "inactive", "frames": cache},
+                            {"size": 64 * mib, "state": "active_allocated", "frames": adam}]},
+                {"blocks": [{"size": 32 * mib, "state": "active_allocated", "frames": torch_only},
+                            {"size": 1024 * mib, "state": "active_allocated"},
+                            {"size": 512 * mib, "state": "active_allocated", "frames": cache}]}]
+    owners = live_by_owner(segments)
+    assert owners == {"grpo/rollout/static_decode.py:40 alloc_cache": 1024 * mib,
+                      "grpo/train/step.py:7 step": 64 * mib,
+                      "adamw.py:3 _init_group": 32 * mib,
+                      "(no stack)": 1024 * mib}
+    first = {"allocated": 1024 * mib, "reserved": 2048 * mib, "owners": {"(no stack)": 1024 * mib}}
+    last = {"allocated": sum(owners.values()), "reserved": 4096 * mib, "owners": owners}
+    lines = live_table([first, last], top=2)
+    rows = {line[:64].strip(): line[64:].split() for line in lines[2:]}
+    assert rows["grpo/rollout/static_decode.py:40 alloc_cache"] == ["0.000", "1.000", "+1.000"]
+    assert rows["(no stack)"] == ["1.000", "1.000", "+0.000"]
+    assert rows["(the rest)"] == ["0.000", "0.094", "+0.094"]  # step.py's 64 MiB and adamw's 32 MiB
+    assert rows["total allocated"][-1] == "+1.094"
+    assert rows["reserved by the allocator"] == ["2.000", "4.000", "+2.000"]
