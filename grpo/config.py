@@ -204,6 +204,9 @@ class TrainParams:
     generation_backend: str = _check(one_of(*GENERATION_BACKENDS), default="auto")
     generation_merge_lora: bool = True
     train_batch_size: int = _check(positive, default=8)  # sequences per training micro-batch
+    # train through a dense copy of the frozen 4-bit base, made once a step (grpo/model/dequant.py): fewer,
+    # larger kernels than de-quantising in every pass; the copy's memory while training (grpo.check, grpo.tune)
+    dense_training: bool = False
     rewards: dict[str, float] = _check(subset_of(REWARDS), default_factory=lambda: {"correctness": 2.0})
     advantage_scale: str = _check(one_of(*ADVANTAGE_SCALES), default="group")
     skip_zero_variance_groups: bool = False

@@ -277,6 +277,10 @@ def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens
         quantised=quantised, prompt_tokens=prompt_tokens, new_tokens=new_tokens, static_decoder=static,
         lora_targets=tuple(p.lora.targets), merge_lora=p.generation_merge_lora, top_p=p.top_p, top_k=p.top_k)
     training = plan_training(arch, p, dtype=compute_dtype, prompt_tokens=prompt_tokens, cuda=cuda)
+    generation_copy = quantised and p.dense_generation and not static  # kept between steps, counted above
+    # train.dense_training: the step's own dense copy while it trains (freed before the next rollouts)
+    training["dense_training_copy"] = (arch.linear_params * DTYPE_BYTES[compute_dtype]
+                                       if quantised and p.dense_training and not generation_copy else 0)
     return (
         Phase("train", "generation", tuple(resident + list(generation.items())), "train.generation_batch_size",
               "train.max_response_length", in_flight, new_tokens, capped_from(p.generation_batch_size, in_flight)),

@@ -72,6 +72,20 @@ def test_cuda_plan_has_the_static_decoder_and_the_fused_logprob_kernel():
     assert hf["training"].row("logprob_logits") == 3 * 60 * 1000 * 4
 
 
+def test_dense_training_counts_a_copy_while_training_unless_generation_keeps_one():
+    """train.dense_training: the step's own dense copy (73728 linear weights * 2 bytes) in the training
+    phase only; on a CPU with dense_generation the cached copy is reused and counted once."""
+    dense = dataclasses.replace(PARAMS, dense_training=True)
+    cpu, gpu = train_plan(dense), train_plan(dense, cuda=True)
+    assert cpu["training"].row("dense_training_copy") == 0 and cpu["training"].row("dense_copy") == 73728 * 2
+    assert cpu["training"].peak == train_plan()["training"].peak
+    assert gpu["training"].row("dense_training_copy") == 73728 * 2  # the static decoder frees its own copies
+    assert gpu["training"].peak == train_plan(cuda=True)["training"].peak + 73728 * 2
+    assert gpu["generation"].peak == train_plan(cuda=True)["generation"].peak
+    no_cache = train_plan(dataclasses.replace(dense, dense_generation=False))
+    assert no_cache["training"].row("dense_training_copy") == 73728 * 2
+
+
 @pytest.mark.parametrize("measured", ["gpu_step_triton_lora-torch.json", "gpu_step_triton_mb8.json",
                                       "gpu_step_triton_mb16_lora-torch.json"])
 def test_plan_bounds_the_peaks_measured_on_the_h200(measured):

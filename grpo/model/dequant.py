@@ -1,12 +1,15 @@
-"""Generation from a dense copy of the frozen 4-bit base.
+"""Generation and training from a dense copy of the frozen 4-bit base.
 
 The base never changes during LoRA training, so each bitsandbytes ``Linear4bit`` weight can be
 de-quantised once and kept. Inside ``dense_base(model)`` those layers run a plain dense matmul on the
 cached copy (LoRA branches still apply on top, unmerged), which decodes several times faster than the
 4-bit kernels on CPU and on small GPU batches, at the memory cost of one dense copy of the base. The
 numbers are the same policy: bitsandbytes also de-quantises to the compute dtype before its matmul.
-Training forwards stay on the 4-bit path (outside the context), so the memory plan of backward is
-unchanged.
+
+Training passes run densely only with ``train.dense_training`` (``dense_for_training``): bitsandbytes
+de-quantises every 4-bit weight again in each forward, each checkpointed re-forward and each backward,
+thousands of small launches a micro-batch, while the copy is made once a step; it costs the copy's
+memory during training, which the memory plan counts and ``grpo.tune`` weighs.
 """
 from __future__ import annotations
 
@@ -56,6 +59,22 @@ def dense_base(model: torch.nn.Module, enabled: bool = True) -> Iterator[int]:
     finally:
         for m in modules:
             del m.forward
+
+
+@contextmanager
+def dense_for_training(model: torch.nn.Module, enabled: bool) -> Iterator[int]:
+    """``dense_base`` for a step's training passes. The copies it had to make are freed at the end, so
+    generation gets that memory back (the static GPU decoder builds copies of its own); copies that
+    generation cached (``train.dense_generation`` off the static decoder) are reused and kept."""
+    modules = linear4bit_modules(model) if enabled else []
+    cached = {id(m) for m in modules if getattr(m, "_dense_weight", None) is not None}
+    with dense_base(model, enabled) as switched:
+        try:
+            yield switched
+        finally:
+            for m in modules:
+                if id(m) not in cached and getattr(m, "_dense_weight", None) is not None:
+                    del m._dense_weight
 
 
 def drop_dense_copies(model: torch.nn.Module) -> int:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +26,7 @@ from grpo.fault_injection import FaultHook
 from grpo.kernels.logprob_entropy import fused_supported, fused_token_logprobs_and_entropy
 from grpo.microbatch import AdaptiveBatchSize
 from grpo.model.adapter import LoraSettings
-from grpo.model.dequant import dense_base
+from grpo.model.dequant import dense_base, dense_for_training
 from grpo.model.loading import load_policy_model, load_tokenizer, resolve_device
 from grpo.model.lora import inject_lora, lora_parameters
 from grpo.prompts import PromptStyle
@@ -58,6 +60,9 @@ class TrainerParts:
     engine: PolicyEngine
     rewards: dict[str, RewardFn]  # the functions of params.rewards, by name (weights stay in params)
     token_logprobs: LogprobFn
+    # the weights a step's scoring and training passes run on: `with parts.training_base():` (the 4-bit
+    # kernels, or with train.dense_training a dense copy made for the step)
+    training_base: Callable[[], AbstractContextManager[int]]
 
 
 class PolicyEngine:
@@ -157,4 +162,5 @@ def build_parts(params: TrainParams, style: PromptStyle, base_model: Path, live:
                           merge_lora=params.generation_merge_lora, size=sizes["generate"], fault_hook=hook)
     return TrainerParts(tracker, device, tokenizer, model, lora, lora_params, optimizer, scheduler, sampler, schedule,
                         sizes, hook, PolicyEngine(engine, params.dense_generation),
-                        {name: reward_functions[name] for name in params.rewards}, choose_logprobs(params, model))
+                        {name: reward_functions[name] for name in params.rewards}, choose_logprobs(params, model),
+                        partial(dense_for_training, model, params.dense_training))

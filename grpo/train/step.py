@@ -287,10 +287,11 @@ def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[st
     kept = [c for c, k in zip(ro.completions[mine], keep_rows[mine].tolist()) if k]
     batch = build_batch(kept, ctx.parts.tokenizer.pad_token_id)
     t1 = time.perf_counter()
-    with phase_peak_memory(metrics, "score", ctx.parts.device):
-        pre = scoring_pass(ctx, batch, step)
-    with phase_peak_memory(metrics, "train", ctx.parts.device):
-        metrics.update(policy_updates(ctx, batch, adv.advantages[mine][keep_rows[mine]], pre, step))
+    with ctx.parts.training_base():
+        with phase_peak_memory(metrics, "score", ctx.parts.device):
+            pre = scoring_pass(ctx, batch, step)
+        with phase_peak_memory(metrics, "train", ctx.parts.device):
+            metrics.update(policy_updates(ctx, batch, adv.advantages[mine][keep_rows[mine]], pre, step))
     t_train = time.perf_counter() - t1
     metrics.update(time_train_s=t_train, train_tokens_per_s=float(batch.response_mask.sum()) / max(t_train, 1e-9),
                    lr=ctx.parts.scheduler.get_last_lr()[0], skipped_step=0.0)

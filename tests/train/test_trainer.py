@@ -95,3 +95,21 @@ def test_other_run_checkpoints_are_not_resumed(tmp_path, tiny_model_dir):
     run(tmp_path, tiny_model_dir, params(), "run")
     trainer = run(tmp_path, tiny_model_dir, params(lr=5e-3), "run")  # same folder, new params
     assert len(trainer.history) == 3 and trainer.history[0]["step"] == 1
+
+
+def test_dense_training_takes_the_4bit_step(tmp_path, tiny_model_dir):
+    """train.dense_training runs the scoring pass (β > 0: the reference under lora_disabled; μ = 2: old
+    log-probs) and the updates on a dense copy of the 4-bit base: the first step, on the same rollouts,
+    has the 4-bit path's KL, entropy, ratio and gradient norm; generation decodes with HF generate and no cached
+    copy (dense_generation off), so the step's copies are freed again after training."""
+    from grpo.model.dequant import linear4bit_modules
+
+    one = {"max_steps": 1, "val_every": 10, "dense_generation": False}
+    quantised = run(tmp_path, tiny_model_dir, params(**one), "nf4").history[0]
+    trainer = run(tmp_path, tiny_model_dir, params(**one, dense_training=True), "dense")
+    dense = trainer.history[0]
+    assert dense["reward_mean"] == quantised["reward_mean"]  # the same rollouts
+    for key in ("kl_mean", "grad_norm", "entropy_mean", "ratio_mean"):
+        assert dense[key] == pytest.approx(quantised[key], rel=1e-4, abs=1e-6), key
+    layers = linear4bit_modules(trainer.model)
+    assert layers and all(getattr(m, "_dense_weight", None) is None for m in layers)
