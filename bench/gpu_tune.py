@@ -9,13 +9,14 @@ then runs the jobs in order, each cut at the call's deadline:
   own process with its allocator capped to CAP; 8/16/24 GiB cards less a CUDA context: 7.5/15.5/23.5);
 - ``profile:CAP``: ``python -m grpo.profile --steps N --budget-gib CAP`` (N: ``--profile-steps``; trace, CUDA
   memory snapshot, phase table, live memory by owner);
-- ``steady:CAP``: bench/steady_step.py, the shipped settings and ``--winner``, each over ``--steps`` measured steps;
+- ``steady:CAP``: bench/steady_step.py, the shipped settings and ``--winner``, each over ``--steady-steps`` steps;
 - ``trl``: TRL's GRPOTrainer at the same shape (``--trl-script``, the reference bench carried in ``.gpu/``;
   needs the trl/datasets/dill/multiprocess wheels installed on the device).
 The tuner caches each finished trial; caches found in ``bench/results/gpu_tune/`` (carried in the tree)
-seed the run, so a call cut by its deadline is continued by the next. Results go to $OUT/gpu_tune/ (the
-caches, the trials' logs in trial_logs.tar.gz, runs.json, the profile's trace and snapshot, and its table, plot and
-live-memory record in profile.tar.gz: within the device's 8 files).
+seed the run, so a call cut by its deadline is continued by the next. Results go to $OUT/gpu_tune/, within
+the device's 8 files: the caches this call added to, runs.json, the trials' logs in trial_logs.tar.gz, the
+profile's trace and snapshot, its table, plot and live-memory record in profile.tar.gz, and the steady and
+TRL jobs' JSON and logs in steady.tar.gz.
 Random weights: times and memory are real, answers are not.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = Path("/tmp/gpu_stages_work")
 CARRIED = ROOT / "bench" / "results" / "gpu_tune"
 TUNE_CACHE = WORK / "logs" / "tune"
+PROFILE, STEADY = WORK / "logs" / "profile", WORK / "logs" / "steady"
 
 
 def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> dict:
@@ -50,19 +52,19 @@ def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> di
     return {"cmd": " ".join(cmd), "rc": rc, "wall_s": round(time.perf_counter() - t0, 1)}
 
 
-def job_command(job: str, args: argparse.Namespace, out: Path) -> tuple[list[str], dict[str, str]]:
+def job_command(job: str, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     kind, _, cap = job.partition(":")
     if kind == "tune":
         return [sys.executable, "-m", "grpo.tune", "--budget-gib", cap, "--stages", "train",
                 "--steps", str(args.steps), "--trials-s", str(args.trial_s)], {}
     if kind == "profile":
         return [sys.executable, "-m", "grpo.profile", "--steps", str(args.profile_steps), "--budget-gib", cap,
-                "--out", str(WORK / "logs" / "profile")], {}
+                "--out", str(PROFILE)], {}
     if kind == "steady":  # the shipped settings and the tuner's winner, each over more steps
-        return [sys.executable, str(ROOT / "bench" / "steady_step.py"), "--project", str(WORK), "--out", str(out),
-                "--steps", str(args.steps), "--cap-gib", cap, "--winner", args.winner], {}
+        return [sys.executable, str(ROOT / "bench" / "steady_step.py"), "--project", str(WORK), "--out", str(STEADY),
+                "--steps", str(args.steady_steps), "--cap-gib", cap, "--winner", args.winner], {}
     if kind == "trl":
-        env = {"CAP_GIB": "8", "COMP": "768", "ACC": "4", "STEPS": "2", "OUT": str(out)}
+        env = {"CAP_GIB": "8", "COMP": "768", "ACC": "4", "STEPS": "2", "OUT": str(STEADY)}
         return [sys.executable, str(Path(args.trl_script).resolve())], env
     raise SystemExit(f"--jobs: unknown job {job!r} (tune:CAP, profile:CAP, trl)")
 
@@ -72,6 +74,7 @@ def main() -> int:
     parser.add_argument("--jobs", default="trl,tune:7.5,tune:15.5,tune:23.5,profile:7.5")
     parser.add_argument("--deadline-s", type=float, default=560.0, help="the whole call, set-up included")
     parser.add_argument("--steps", type=int, default=3, help="measured training steps a trial (after a warm-up)")
+    parser.add_argument("--steady-steps", type=int, default=5, help="measured steps of each steady run")
     parser.add_argument("--trial-s", type=float, default=150.0)
     parser.add_argument("--profile-steps", type=int, default=2,
                         help="traced steps (2: three step starts in the live-memory table)")
@@ -86,6 +89,7 @@ def main() -> int:
                            env={**os.environ, "OUT": "/tmp/gpu_tune_setup"})  # its JSON and logs stay there
     print(setup.stdout[-2000:], setup.stderr[-2000:], flush=True)
     TUNE_CACHE.mkdir(parents=True, exist_ok=True)
+    STEADY.mkdir(parents=True, exist_ok=True)
     for cache in CARRIED.glob("*gib.json"):
         shutil.copy(cache, TUNE_CACHE / cache.name)
     runs = []
@@ -94,38 +98,41 @@ def main() -> int:
         if left < 30:
             runs.append({"cmd": job, "rc": "skipped: deadline"})
             continue
-        cmd, env = job_command(job, args, out)
+        cmd, env = job_command(job, args)
         runs.append({"job": job, **run(cmd, left, env)})
         if job.startswith("tune"):
             save_tuner_output(out)  # after every tune job, so a later timeout loses nothing
-    save_profile_output(WORK / "logs" / "profile", out)
+    save_profile_output(out)
+    archive(sorted(STEADY.glob("*")), out / "steady.tar.gz", STEADY)  # steady.json, its runs' logs, TRL's JSON
     (out / "runs.json").write_text(json.dumps(runs, indent=1))
     return 0
 
 
-def save_profile_output(profile: Path, out: Path) -> None:
-    """The trace and the snapshot as files (the large ones), the rest in profile.tar.gz (8 files come back)."""
+def archive(paths: list[Path], dest: Path, root: Path) -> None:
+    """Small files in one archive: the device returns at most 8 files."""
+    if paths:
+        with tarfile.open(dest, "w:gz") as tar:
+            for path in paths:
+                tar.add(path, arcname=str(path.relative_to(root)))
+
+
+def save_profile_output(out: Path) -> None:
+    """The trace and the snapshot as files (the large ones), the table, plot and live-memory record in
+    profile.tar.gz."""
     for name in ("memory_snapshot.pickle", "trace.json.gz"):
-        if (profile / name).exists():
-            shutil.copy(profile / name, out / name)
-    small = [profile / name for name in ("phases.txt", "phases.json", "memory.png", "live_memory.json")
-             if (profile / name).exists()]
-    if small:
-        with tarfile.open(out / "profile.tar.gz", "w:gz") as tar:
-            for path in small:
-                tar.add(path, arcname=path.name)
+        if (PROFILE / name).exists():
+            shutil.copy(PROFILE / name, out / name)
+    small = ("phases.txt", "phases.json", "memory.png", "live_memory.json")
+    archive([PROFILE / name for name in small if (PROFILE / name).exists()], out / "profile.tar.gz", PROFILE)
 
 
 def save_tuner_output(out: Path) -> None:
-    """The caches (one JSON a budget) as files, every trial's log in one archive: the device returns
-    at most 8 files, and the profile's trace and snapshot need their places."""
+    """The caches this call added to (one JSON a budget) as files, every trial's log in one archive."""
     for cache in TUNE_CACHE.glob("*.json"):
-        shutil.copy(cache, out / cache.name)
-    logs = sorted(TUNE_CACHE.rglob("*.log"))
-    if logs:
-        with tarfile.open(out / "trial_logs.tar.gz", "w:gz") as tar:
-            for log in logs:
-                tar.add(log, arcname=str(log.relative_to(TUNE_CACHE)))
+        carried = CARRIED / cache.name
+        if not carried.exists() or carried.read_bytes() != cache.read_bytes():
+            shutil.copy(cache, out / cache.name)
+    archive(sorted(TUNE_CACHE.rglob("*.log")), out / "trial_logs.tar.gz", TUNE_CACHE)
 
 
 if __name__ == "__main__":
