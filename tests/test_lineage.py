@@ -27,7 +27,8 @@ def test_the_readme_commands_print_and_check_the_deps():
     # depends on them
     assert ("eval_summary:\n  - stages/eval_summary.py\n  - grpo/algo/choices.py\n"
             "  - grpo/cli.py\n  - grpo/config.py\n  - grpo/data/answers.py\n  - grpo/data/errors.py\n"
-            "  - grpo/data/registry.py\n  - grpo/data/synthetic.py\n  - grpo/distributed.py\n  - grpo/eval/summary.py\n"
+            "  - grpo/data/registry.py\n  - grpo/data/synthetic.py\n  - grpo/distributed.py\n  - grpo/eval/metrics.py\n"
+            "  - grpo/eval/summary.py\n"
             "  - grpo/fault_injection.py\n  - grpo/io.py\n  - grpo/launch.py\n  - grpo/prompts.py\n"
             "  - grpo/rollout/base.py\n  - grpo/sent/curriculum.py\n  - grpo/slots.py\n  - grpo/verify\n"
             "report:\n") in printed

@@ -4,8 +4,9 @@ One run evaluates one (model, benchmark) pair, so DVC reruns exactly the pairs w
 ``model`` is ``base`` (no adapter), ``final`` (models/final) or ``best`` (models/best, chosen by the
 select stage from the validation log); the benchmark's protocol comes from
 ``evaluate.benchmarks.<name>`` in params.yaml. ``run.py`` generates and scores, ``metrics.py`` holds the
-metric definitions (pass@1 with its standard error, unbiased pass@k, maj@k), ``summary.py`` merges the
-pairs' metrics for the eval_summary stage.
+metric definitions (pass@1 with its standard error, unbiased pass@k, maj@k, the paired lift over the
+base), ``summary.py`` merges the pairs' metrics for the eval_summary stage and adds each trained model's
+lift over the base, question by question.
 
 Protocols
 ---------

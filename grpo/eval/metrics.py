@@ -7,6 +7,8 @@
   comparing base, final and best on 8 to 500 questions.
 - pass@k: the unbiased estimator of Chen et al. (2021), 1 - C(n-c, k) / C(n, k), averaged over
   questions, for every k in {1, 2, 4, 8, ...} up to n.
+- paired lift: how much a trained model beats the base on the same questions, with the standard error
+  of the per-question differences (``paired_lift``).
 - maj@k: a majority vote over the first k samples of a question; answers are clustered by verified
   equivalence (``1/2`` and ``0.5`` vote together), unanswered samples do not vote, a tie goes to the
   cluster whose first answer came earliest, and the vote is correct when that answer is.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 Equivalent = Callable[[str, str], bool]
 
@@ -62,6 +64,50 @@ def mean_and_stderr(values: Sequence[float]) -> tuple[float, float]:
         return mean, 0.0
     variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
     return mean, math.sqrt(variance / len(values))
+
+
+@dataclass(frozen=True)
+class Lift:
+    """A trained model's pass@1 minus the base's on the same questions (fractions, not points)."""
+
+    lift: float  # mean over questions of trained - base
+    stderr: float  # paired: std (ddof 1) of the per-question differences / sqrt(n); 0 for n < 2
+    n: int  # questions compared
+
+    @property
+    def z(self) -> float | None:
+        """lift / stderr; None when the standard error is 0 (every difference equal, or one question)."""
+        return self.lift / self.stderr if self.stderr > 0 else None
+
+
+class QuestionMismatch(ValueError):
+    """The two sides of a paired lift hold different question ids."""
+
+
+def paired_lift(base: Mapping[str, float], trained: Mapping[str, float]) -> Lift:
+    """The lift of ``trained`` over ``base``: both map a question id to that question's mean correctness
+    (the fraction of its n samples that are correct; 0 or 1 when greedy).
+
+    Per question d_i = trained_i - base_i; lift = mean(d), stderr = std(d, ddof 1) / sqrt(n). Why
+    paired: both models answer the same questions, and a question's difficulty moves both scores
+    together (an easy one is solved by both, a hard one by neither). The standard error of the
+    difference of two independent means, sqrt(se_base^2 + se_trained^2), counts that shared variation
+    twice; the differences' own spread leaves it out. It is usually much smaller, and it is the right
+    one for "did training help on these questions?".
+
+    The two must hold the same question ids: a question one model answered and the other did not has
+    no difference, and dropping it would compare the pass@1 of other question sets than the ones each
+    model reports. QuestionMismatch (a ValueError, with the counts and a few ids) when they differ.
+    """
+    if base.keys() != trained.keys():
+        only_base, only_trained = sorted(base.keys() - trained.keys()), sorted(trained.keys() - base.keys())
+        raise QuestionMismatch(f"paired lift needs the same questions on both sides: {len(only_base)} only in the "
+                               f"base {only_base[:3]}, {len(only_trained)} only in the trained model {only_trained[:3]}")
+    if not base:
+        raise ValueError("paired lift needs at least one question")
+    # summed in id order, so the same scores give the same float whatever order they were read in
+    lift, stderr = mean_and_stderr([trained[q] - base[q] for q in sorted(base)])
+    return Lift(lift, stderr, len(base))
 
 
 def cluster_answers(answers: Sequence[str | None], equivalent: Equivalent) -> list[int | None]:

@@ -25,7 +25,8 @@ from typing import Any
 import pandas as pd
 
 from grpo.config import SECTIONS, to_dict
-from grpo.eval.summary import MODELS  # the evaluated models, also the column order of every comparison
+# the evaluated models, also the column order of every comparison; the lift keys of metrics/eval.json
+from grpo.eval.summary import LIFT, LIFT_N, LIFT_STDERR, MODELS
 from grpo.io import read_json, read_jsonl
 from grpo.measured import SENT as SENT_LOG
 from grpo.measured import TRAIN as TRAIN_LOG

@@ -6,8 +6,8 @@ from typing import Any
 
 from grpo.config import ProtocolParams
 from grpo.data.registry import REGISTRY
-from grpo.report import (MISSING, MODELS, PASS1, PASS1_STDERR, ReportInputs, base_model_name, eval_benchmarks,
-                         eval_metric, fmt, fmt_param)
+from grpo.report import (LIFT, LIFT_N, LIFT_STDERR, MISSING, MODELS, PASS1, PASS1_STDERR, ReportInputs,
+                         base_model_name, eval_benchmarks, eval_metric, fmt, fmt_param)
 from grpo.report.figures import DIAGNOSTIC_PANELS, panel_columns
 from grpo.report.gaming import gaming_evidence
 from grpo.report.render import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
@@ -33,6 +33,33 @@ def eval_table(eval_data: dict | None) -> Table:
     return Table(["benchmark", "questions"] + [f"{m} pass@1" for m in MODELS], rows)
 
 
+TRAINED = tuple(m for m in MODELS if m != "base")  # the models with a lift over the base
+LIFT_NOTE = ("in points, the mean change in correctness on the same questions, ± its paired standard error (the "
+             "standard error of the per-question differences), z = lift / SE, over n questions. A lift within about "
+             "two paired standard errors (|z| < 2) is not evidence that training helped.")
+
+
+def lift_cell(eval_data: dict | None, model: str, benchmark: str) -> str:
+    """``model``'s lift over the base on ``benchmark`` in points, "+10.2 pts ± 3.5 (paired SE, z 2.9, n 256)";
+    without the paired figures (a metrics/eval.json from before them) the plain difference of the pass@1."""
+    lift = eval_metric(eval_data, model, benchmark, LIFT)
+    if lift is None:
+        base, value = (eval_metric(eval_data, m, benchmark, PASS1) for m in ("base", model))
+        return MISSING if base is None or value is None else f"{(value - base) * 100:+.1f} pts (no paired SE)"
+    err = eval_metric(eval_data, model, benchmark, LIFT_STDERR) or 0.0
+    z = f", z {lift / err:.1f}" if err > 0 else ""
+    n = fmt(eval_metric(eval_data, model, benchmark, LIFT_N))
+    return f"{lift * 100:+.1f} pts ± {err * 100:.1f} (paired SE{z}, n {n})"
+
+
+def lift_table(eval_data: dict | None) -> Table | None:
+    """Benchmark × trained model, the lift over the base (shared with the model card); None when no
+    benchmark has both the base and a trained model."""
+    rows = [[bench] + [lift_cell(eval_data, m, bench) for m in TRAINED] for bench in eval_benchmarks(eval_data)]
+    rows = [row for row in rows if any(cell != MISSING for cell in row[1:])]
+    return Table(["benchmark"] + [f"{m} − base" for m in TRAINED], rows) if rows else None
+
+
 _METRIC_TAIL = ("answer_rate", "truncation_rate", "mean_length", "tokens_per_s", "generate_s", "n")
 
 
@@ -45,7 +72,7 @@ def _metric_order(key: str) -> tuple[int, int, str]:
 
 
 def _other_metrics_table(eval_data: dict | None) -> Table | None:
-    skip = {PASS1, PASS1_STDERR, "num_questions"}
+    skip = {PASS1, PASS1_STDERR, "num_questions", LIFT, LIFT_STDERR, LIFT_N}
     keys: dict[str, None] = {}
     for model in MODELS:
         for metrics in ((eval_data or {}).get(model) or {}).values():
@@ -89,11 +116,12 @@ def _summary(inp: ReportInputs) -> list[Block]:
         return blocks + [Para("No evaluation results yet (metrics/eval.json is missing).")]
     rows = []
     for bench in benches:
-        base, final, best = (eval_metric(inp.eval, m, bench, PASS1) for m in MODELS)
-        deltas = [MISSING if base is None or v is None else f"{(v - base) * 100:+.1f} pts" for v in (final, best)]
-        rows.append([bench] + [MISSING if v is None else f"{v:.3f}" for v in (base, final, best)] + deltas)
-    return blocks + [Para("pass@1 (standard errors in the Evaluation section):"),
-                     Table(["benchmark"] + list(MODELS) + ["final − base", "best − base"], rows)]
+        scores = (eval_metric(inp.eval, m, bench, PASS1) for m in MODELS)
+        rows.append([bench] + [MISSING if v is None else f"{v:.3f}" for v in scores]
+                    + [lift_cell(inp.eval, m, bench) for m in TRAINED])
+    return blocks + [Para(f"pass@1 (standard errors in the Evaluation section) and each trained model's lift over "
+                          f"the base: {LIFT_NOTE}"),
+                     Table(["benchmark"] + list(MODELS) + [f"{m} − base" for m in TRAINED], rows)]
 
 
 def _evaluation(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]:

@@ -15,8 +15,8 @@ import yaml
 from grpo.config import ProtocolParams
 from grpo.data.registry import REGISTRY
 from grpo.prompts import R1_INSTRUCTION, PromptStyle
-from grpo.report import ReportInputs, base_model_name, fmt, fmt_param
-from grpo.report.markdown import eval_table
+from grpo.report import LIFT, LIFT_STDERR, ReportInputs, base_model_name, eval_benchmarks, eval_metric, fmt, fmt_param
+from grpo.report.markdown import LIFT_NOTE, eval_table, lift_table
 from grpo.report.render import Block, Bullets, Code, Heading, Para, Table, to_markdown
 
 TAGS = ["grpo", "lora", "reasoning", "dvc"]
@@ -119,8 +119,9 @@ def _limitations(inp: ReportInputs) -> Bullets:
         f"{size} fine-tuned for {steps} steps with LoRA: expect gains mostly in answer format and on "
         "problems like the training data, not new general reasoning ability.",
         (f"Benchmarks are subsets: questions per benchmark were capped at {caps}. " if caps else "")
-        + "Standard errors are reported; differences within about two standard errors are not evidence of "
-        "improvement.",
+        + "Judge a difference from the base by the lift's paired standard error (the Evaluation section), not by "
+        "the two scores' own: a lift within about two paired standard errors (|z| < 2) is not evidence of "
+        "improvement." + _lift_verdict(inp.eval),
         f"Evaluation protocol: {protocol_note}. Greedy and sampled pass@1 are not comparable with each "
         "other or with numbers published under another protocol or prompt.",
         "Correctness is judged by an automatic answer verifier (math-verify plus numeric rules); "
@@ -130,11 +131,24 @@ def _limitations(inp: ReportInputs) -> Bullets:
     ])
 
 
+def _lift_verdict(eval_data: dict | None, model: str = "best") -> str:
+    """The benchmarks where this adapter's lift over the base is at least two paired standard errors
+    (either sign) and where it is under two; a lift without a standard error is in neither."""
+    beyond, within = [], []
+    for bench in eval_benchmarks(eval_data):
+        lift, err = (eval_metric(eval_data, model, bench, key) for key in (LIFT, LIFT_STDERR))
+        if lift is not None and err:
+            (beyond if abs(lift / err) >= 2 else within).append(f"{bench} (z {lift / err:.1f})")
+    parts = [f"{label} on {', '.join(names)}" for label, names in (("|z| ≥ 2", beyond), ("|z| < 2", within)) if names]
+    return f" This adapter (`{model}`): {'; '.join(parts)}." if parts else ""
+
+
 def model_card(inp: ReportInputs) -> str:
     """The MODEL_CARD.md text: YAML front matter, then the card body."""
     info = inp.model_info or {}
     base = base_model_name(info)
     sel = inp.selection or {}
+    lifts = lift_table(inp.eval)
     details = Table(["field", "value"], [
         ["base model", f"`{base}`" + (f" ({info['parameters'] / 1e6:.1f}M parameters)" if info.get("parameters")
                                       else "")],
@@ -154,6 +168,7 @@ def model_card(inp: ReportInputs) -> str:
         Para("pass@1 ± one standard error; `base` is the model without the adapter, `final` the last "
              "training step, `best` the selected checkpoint (this adapter)."),
         eval_table(inp.eval),
+        *([Para(f"Lift over the base: {LIFT_NOTE}"), lifts] if lifts else []),
         *_usage(inp, base),
         Heading(2, "Limitations"), _limitations(inp),
     ]

@@ -3,11 +3,14 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
+import statistics
 
 import pytest
 
 from grpo.eval.metrics import (
-    SampleResult, cluster_answers, k_values, maj_at_k, majority_index, mean_and_stderr, pass_at_k, summarize,
+    Lift, QuestionMismatch, SampleResult, cluster_answers, k_values, maj_at_k, majority_index, mean_and_stderr,
+    paired_lift, pass_at_k, summarize,
 )
 from grpo.verify import answers_equivalent
 
@@ -100,3 +103,52 @@ def test_summarize():
     assert m["verify_timeouts"] == 2
     with pytest.raises(ValueError):
         summarize([[s(True, "1")], []], equivalent=exact)
+
+
+def test_paired_lift_by_hand():
+    # d = trained - base per question = [1, 0, 0, -1, 1]: mean 0.2; deviations 0.8, -0.2, -0.2, -1.2, 0.8,
+    # squares 0.64 + 0.04 + 0.04 + 1.44 + 0.64 = 2.8; variance 2.8 / 4 = 0.7; SE sqrt(0.7 / 5) = sqrt(0.14)
+    base = {"q1": 0.0, "q2": 1.0, "q3": 1.0, "q4": 1.0, "q5": 0.0}
+    trained = {"q5": 1.0, "q4": 0.0, "q3": 1.0, "q2": 1.0, "q1": 1.0}  # matched by id, not by position
+    lift = paired_lift(base, trained)
+    assert lift.n == 5
+    assert lift.lift == pytest.approx(0.2, abs=1e-12)
+    assert lift.stderr == pytest.approx(math.sqrt(0.14), abs=1e-12) and lift.stderr == pytest.approx(0.374166, abs=1e-6)
+    assert lift.z == pytest.approx(0.2 / math.sqrt(0.14), abs=1e-12) and lift.z == pytest.approx(0.534522, abs=1e-6)
+
+
+def slow_paired(base: dict[str, list[bool]], trained: dict[str, list[bool]]) -> tuple[float, float]:
+    """Independently: per-question means from the raw samples, differences, statistics.stdev."""
+    diffs = [statistics.fmean(trained[q]) - statistics.fmean(base[q]) for q in base]
+    return statistics.fmean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
+
+
+def test_paired_lift_against_a_slow_computation_with_several_samples_per_question():
+    rng = random.Random(7)
+    ids = [f"gsm8k-{i}" for i in range(200)]
+    difficulty = {q: rng.random() for q in ids}  # shared by both models: what pairing takes out
+    base = {q: [rng.random() < difficulty[q] * 0.8 for _ in range(4)] for q in ids}
+    trained = {q: [rng.random() < min(1.0, difficulty[q] * 0.8 + 0.1) for _ in range(4)] for q in reversed(ids)}
+    lift = paired_lift({q: sum(s) / 4 for q, s in base.items()}, {q: sum(s) / 4 for q, s in trained.items()})
+    mean, se = slow_paired(base, trained)
+    assert lift == Lift(pytest.approx(mean, abs=1e-12), pytest.approx(se, abs=1e-12), 200)
+    # with the same questions, the lift is the difference of the two pass@1 ...
+    pass1 = [statistics.fmean(v for s in side.values() for v in s) for side in (base, trained)]
+    assert lift.lift == pytest.approx(pass1[1] - pass1[0], abs=1e-12)
+    # ... and its paired SE is well under the one that treats the two scores as independent
+    unpaired = math.hypot(*(mean_and_stderr([sum(s) / 4 for s in side.values()])[1] for side in (base, trained)))
+    assert lift.stderr < 0.75 * unpaired
+
+
+def test_paired_lift_refuses_different_questions():
+    with pytest.raises(QuestionMismatch, match=r"1 only in the base \['q3'\], 2 only in the trained model "
+                                               r"\['q4', 'q5'\]"):
+        paired_lift({"q1": 1.0, "q2": 0.0, "q3": 1.0}, {"q1": 1.0, "q2": 1.0, "q4": 0.0, "q5": 0.0})
+    with pytest.raises(ValueError, match="at least one question"):
+        paired_lift({}, {})
+
+
+def test_paired_lift_without_spread_has_no_z():
+    assert paired_lift({"q": 0.0}, {"q": 1.0}) == Lift(1.0, 0.0, 1)  # one question: no standard error
+    same = paired_lift({"a": 0.5, "b": 1.0}, {"a": 0.5, "b": 1.0})
+    assert (same.lift, same.stderr, same.z) == (0.0, 0.0, None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import re
 import shutil
 from pathlib import Path
@@ -16,9 +17,12 @@ import pytest
 import yaml
 
 from grpo.config import SECTIONS, parse_section
+from grpo.eval.summary import LIFT, LIFT_N, LIFT_STDERR
 from grpo.report import MODELS
 from grpo.report.markdown import SECTION_TITLES
+from grpo.io import write_jsonl
 from grpo.train.tracking import Tracker
+from stages import eval_summary as eval_summary_stage
 from stages import report as report_stage
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -32,6 +36,11 @@ CHANGED = {  # params.yaml overrides; the params-diff table must list exactly th
     "train.lora.r": (16, 8),
     "train.rewards.tagged_format_soft": ("(unset)", 0.5),
 }
+
+
+# the paired standard errors of the synthetic lifts (final +10 points, best +20 over the base everywhere)
+PAIRED_SE = {("final", "gsm8k"): 0.035, ("best", "gsm8k"): 0.09, ("final", "math500"): 0.035,
+             ("best", "math500"): 0.15}
 
 
 def write_params(root: Path) -> dict:
@@ -106,11 +115,15 @@ def make_inputs(root: Path, *, sent: bool = True, selection: bool = True, drop: 
             "candidates": [{"step": s, "checkpoint": f"step-{s:06d}", "value": a, "available": s != 4,
                             "problem": "pruned" if s == 4 else ""} for s, a in ((4, 0.125), (8, 0.25), (12, 0.1875))],
             "unavailable": ["step-000004"]})
-    write_json(root / "metrics/eval.json", {
+    eval_data = {
         model: {b: {"num_questions": 8, "n": 1, "pass@1": 0.1 + 0.1 * i + 0.02 * j, "pass@1_stderr": 0.05,
                     "answer_rate": 0.9, "truncation_rate": 0.1, "mean_length": 140.5}
                 for j, b in enumerate(BENCHMARKS) if not (model == "base" and b == "aime24")}  # one missing cell
-        for i, model in enumerate(MODELS)})
+        for i, model in enumerate(MODELS)}
+    for (model, bench), stderr in PAIRED_SE.items():  # the paired lifts eval_summary adds (gsm_plus has none)
+        lift = eval_data[model][bench]["pass@1"] - eval_data["base"][bench]["pass@1"]
+        eval_data[model][bench].update({LIFT: lift, LIFT_STDERR: stderr, LIFT_N: 8})
+    write_json(root / "metrics/eval.json", eval_data)
     for model in MODELS:  # measured figures: the untracked logs of the machine that evaluated
         for bench in BENCHMARKS:
             write_json(root / f"logs/eval/{model}/{bench}.json", {"generate_s": 2.5, "tokens_per_s": 310.5})
@@ -183,8 +196,14 @@ def test_report_has_every_section_and_the_eval_table(full_report):
     assert transitions[1:] == [["5", "1", "2", "step_fraction"], ["9", "2", "3", "step_fraction"]]
     summary = tables(found["Summary"])[0]
     assert summary[0] == ["benchmark", "base", "final", "best", "final − base", "best − base"]
-    assert summary[1][1:] == ["0.100", "0.200", "0.300", "+10.0 pts", "+20.0 pts"]
+    assert summary[1][1:] == ["0.100", "0.200", "0.300", "+10.0 pts ± 3.5 (paired SE, z 2.9, n 8)",
+                              "+20.0 pts ± 9.0 (paired SE, z 2.2, n 8)"]
+    assert summary[2][-2:] == ["+10.0 pts (no paired SE)", "+20.0 pts (no paired SE)"]  # no paired figures
+    assert summary[3][-1] == "+20.0 pts ± 15.0 (paired SE, z 1.3, n 8)"
     assert summary[4][-2:] == ["—", "—"]
+    assert "|z| < 2) is not evidence that training helped" in found["Summary"]
+    other = next(t for t in tables(found["Evaluation"]) if t[0][:2] == ["benchmark", "model"])
+    assert not any(key.startswith("lift") for key in other[0])  # the lift is in its own columns, not here
 
 
 def test_params_table_lists_exactly_the_changed_keys(full_report):
@@ -245,6 +264,35 @@ def test_model_card_front_matter(full_report):
     for snippet in re.findall(r"```python\n(.*?)```", body, flags=re.DOTALL):
         ast.parse(snippet)
     assert "gsm8k 24" in body and "aime24 8" in body  # the benchmark caps are named in the limitations
+    evaluation = sections(body)["Evaluation"]
+    lifts = tables(evaluation)[1]
+    assert lifts[0] == ["benchmark", "final − base", "best − base"]
+    assert lifts[1] == ["gsm8k", "+10.0 pts ± 3.5 (paired SE, z 2.9, n 8)", "+20.0 pts ± 9.0 (paired SE, z 2.2, n 8)"]
+    assert [row[0] for row in lifts[1:]] == ["gsm8k", "gsm_plus", "math500"]  # aime24 has no base result
+    limitations = sections(body)["Limitations"]
+    assert "a lift within about two paired standard errors (|z| < 2) is not evidence of improvement" in limitations
+    assert "This adapter (`best`): |z| ≥ 2 on gsm8k (z 2.2); |z| < 2 on math500 (z 1.3)." in limitations
+
+
+def test_the_lift_from_real_samples_files_reaches_the_report(tmp_path):
+    """Per-sample files as the evaluate stage writes them → the eval_summary stage → the report's line."""
+    params = make_inputs(tmp_path)
+    base = [0, 1, 1, 1, 0] * 4  # final: [1, 1, 1, 0, 1] * 4, so d = [1, 0, 0, -1, 1] * 4
+    for model, correct in (("base", base), ("final", [1, 1, 1, 0, 1] * 4), ("best", base)):
+        rows = [{"id": f"arith-{q}", "sample": 0, "completion": "x", "answer": "1", "gold": "1", "correct": bool(c),
+                 "length": 3, "finish_reason": "stop"} for q, c in enumerate(correct)]
+        write_jsonl(tmp_path / f"eval/{model}/arith.jsonl", rows)
+        write_json(tmp_path / f"metrics/eval/{model}/arith.json",
+                   {"num_questions": 20, "n": 1, "pass@1": sum(correct) / 20, "pass@1_stderr": 0.1})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(tmp_path)
+        eval_summary_stage.main(params, None)
+    found = sections((run_stage(tmp_path, params) / "report.md").read_text())
+    # d has mean 0.2 and variance (8 * 0.64 + 8 * 0.04 + 4 * 1.44) / 19 = 11.2 / 19, so SE sqrt(11.2 / 19 / 20)
+    se = math.sqrt(11.2 / 19 / 20)
+    assert f"{se * 100:.1f}" == "17.2"
+    assert ["arith", "0.600", "0.800", "0.600", f"+20.0 pts ± 17.2 (paired SE, z {0.2 / se:.1f}, n 20)",
+            "+0.0 pts ± 0.0 (paired SE, n 20)"] in tables(found["Summary"])[0]
 
 
 def test_optional_inputs_missing(tmp_path):
