@@ -54,7 +54,8 @@ def per_question(records: list[dict]) -> dict[str, float]:
 
 
 def questions(benchmark: str) -> dict[str, str]:
-    """Question text by id, from data/prepared/eval/<benchmark>.jsonl (the work tree's)."""
+    """Question text by id, from data/prepared/eval/<benchmark>.jsonl (the work tree's; where it lacks an id,
+    that question is its own cluster)."""
     path = Path(f"data/prepared/eval/{benchmark}.jsonl")
     return {str(r["id"]): r["question"] for r in _lines(path.read_text(encoding="utf-8"))} if path.exists() else {}
 
