@@ -19,9 +19,13 @@ import json
 import math
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from grpo.eval.metrics import paired_lift  # noqa: E402
 
 CACHE = Path(".dvc/cache/files/md5")
 
@@ -72,17 +76,14 @@ def clustered_se(diffs: dict[str, float], keys: dict[str, str]) -> float:
 
 
 def lift(base: list[dict], trained: list[dict], keys: dict[str, str]) -> dict[str, float]:
-    """pass@1 of both, the lift in points, its paired SE in points, the lift in SE units and the SE
-    clustered by the numbers in the question (``keys``: question text by id)."""
+    """pass@1 of both, the lift in points, its paired SE in points (grpo.eval.metrics.paired_lift, as the
+    report computes it), the lift in SE units and the SE clustered by the numbers in the question
+    (``keys``: question text by id)."""
     b, t = per_question(base), per_question(trained)
-    if set(b) != set(t):
-        raise ValueError(f"the files hold different questions ({len(b)} vs {len(t)} ids)")
-    diffs = [t[k] - b[k] for k in b]
-    n = len(diffs)
-    mean = sum(diffs) / n
-    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else float("nan")
-    return {"n": n, "base": sum(b.values()) / n, "trained": sum(t.values()) / n, "lift_pts": 100 * mean,
-            "se_pts": 100 * se, "lift_se": mean / se if se > 0 else float("nan"),
+    paired = paired_lift(b, t)
+    return {"n": paired.n, "base": sum(b.values()) / paired.n, "trained": sum(t.values()) / paired.n,
+            "lift_pts": 100 * paired.lift, "se_pts": 100 * paired.stderr,
+            "lift_se": paired.z if paired.z is not None else float("nan"),
             "cluster_se_pts": 100 * clustered_se({k: t[k] - b[k] for k in b}, keys)}
 
 
