@@ -6,14 +6,17 @@ SENT, evaluation not run yet), so every input is optional: a missing file is ``N
 renderers say "not available" instead of failing. A file that exists but does not parse is an error,
 since silently dropping it would publish a wrong report.
 
-The measured figures (timings, throughput: grpo/measured.py) are not in the tracked inputs; they are
-merged in from ``logs/`` where this checkout has them (the machine that ran the stages), under the
-names the tables and figures always used, and are simply absent elsewhere.
+The measured figures (timings, throughput: grpo/measured.py) are no report input: reports/ is a
+function of the tracked inputs alone, so a rerun on them writes the same bytes and ``dvc.lock`` does
+not change. ``grpo.report.measured`` writes them, from ``logs/`` where this checkout has them (the
+machine that ran the stages), to the untracked companion logs/report_measured.md, which the report
+names.
 
 It also holds the cell formatting that the report and the model card share, so both print a number
 the same way. Modules: ``figures`` (matplotlib PNGs), ``markdown`` (one block structure rendered to
 Markdown and to self-contained HTML; the report), ``model_card`` (reports/MODEL_CARD.md, Hugging Face
-format). ``stages/report.py`` wires them together.
+format), ``measured`` (the untracked companion of wall-clock figures). ``stages/report.py`` wires them
+together.
 """
 from __future__ import annotations
 
@@ -28,9 +31,6 @@ from grpo.config import SECTIONS, to_dict
 # the evaluated models, also the column order of every comparison; the lift keys of metrics/eval.json
 from grpo.eval.summary import LIFT, LIFT_N, LIFT_STDERR, MODELS
 from grpo.io import read_json, read_jsonl
-from grpo.measured import SENT as SENT_LOG
-from grpo.measured import TRAIN as TRAIN_LOG
-from grpo.measured import eval_log, read_log
 from grpo.trainlog import LIVE_DIR, read_steps, read_summary, read_validation
 
 MISSING = "—"  # a table cell whose input is absent
@@ -89,9 +89,6 @@ class InputPaths:
     train_log: Path = LIVE_DIR  # DVCLive's folder: per-step metrics, validation, summary (grpo/trainlog.py)
     selection: Path = Path("models/best/SELECTION.json")
     eval: Path = Path("metrics/eval.json")
-    # untracked, merged in when present (grpo/measured.py)
-    sent_measured: Path = SENT_LOG
-    train_measured: Path = TRAIN_LOG
 
 
 def _flatten(value: Any, prefix: str) -> dict[str, Any]:
@@ -126,22 +123,6 @@ def params_changes(params: dict[str, Any]) -> list[ParamChange]:
 
 def frame(rows: list[dict]) -> pd.DataFrame | None:
     return pd.DataFrame(rows) if rows else None
-
-
-def with_measured(results: dict | None, measured: dict | None) -> dict | None:
-    """A tracked metrics mapping with a measured log's figures added (results win on a name clash)."""
-    if results is None:
-        return None
-    return {**results, **{k: v for k, v in (measured or {}).items() if k != "steps" and k not in results}}
-
-
-def training_steps(live_dir: Path, measured: dict | None) -> pd.DataFrame | None:
-    """The per-step log with each step's measured figures (logs/train.json) as extra columns."""
-    steps = frame(read_steps(live_dir))
-    timings = frame((measured or {}).get("steps") or [])
-    if steps is None or timings is None:
-        return steps
-    return steps.merge(timings, on="step", how="left")
 
 
 def read_scores(path: Path) -> pd.DataFrame | None:
@@ -194,12 +175,7 @@ def load_inputs(params: dict[str, Any], root: Path = Path("."), paths: InputPath
         prepare["eval"] = _in_order(prepare["eval"], benchmarks)
     eval_data = read_json(at(paths.eval))
     if eval_data:
-        eval_data = {model: _in_order({bench: with_measured(metrics, read_log(eval_log(root, model, bench)))
-                                       for bench, metrics in results.items()}, benchmarks)
-                     for model, results in eval_data.items()}
-    if sent and sent.get("enabled", True):
-        sent = with_measured(sent, read_log(at(paths.sent_measured)))
-    train_measured = read_log(at(paths.train_measured))
+        eval_data = {model: _in_order(results, benchmarks) for model, results in eval_data.items()}
     return ReportInputs(
         params=params,
         changes=params_changes(params),
@@ -208,9 +184,9 @@ def load_inputs(params: dict[str, Any], root: Path = Path("."), paths: InputPath
         datasets=read_bundled_index(at(paths.bundled_index)),
         sent=sent if sent and sent.get("enabled", True) else None,
         sent_scores=read_scores(at(paths.sent_scores)),
-        steps=training_steps(at(paths.train_log), train_measured),
+        steps=frame(read_steps(at(paths.train_log))),
         validation=frame(read_validation(at(paths.train_log))),
-        train=with_measured(read_summary(at(paths.train_log)), train_measured),
+        train=read_summary(at(paths.train_log)),
         selection=read_json(at(paths.selection)),
         eval=eval_data,
     )

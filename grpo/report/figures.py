@@ -157,7 +157,7 @@ def entropy_curve(steps: pd.DataFrame | None, path: Path) -> Path | None:
 
 
 # The diagnostics figure's panels: title → training-log metrics ("name*" matches every metric with that
-# prefix). The throughput comes from the untracked logs/train.json, so a fresh clone has no such panel.
+# prefix). The throughput is measured (logs/train.json), so it is drawn apart, by ``throughput_curve``.
 DIAGNOSTIC_PANELS = {
     "Gradient norm (before clipping)": ("grad_norm",),
     "KL to the reference policy": ("kl",),
@@ -165,7 +165,6 @@ DIAGNOSTIC_PANELS = {
     "Groups with zero reward spread": ("frac_reward_zero_std",),
     "Tokens kept by the entropy mask": ("kept_token_frac",),
     "Learning rate": ("learning_rate",),
-    "Throughput (tokens/s)": ("rollout_tokens_per_s", "train_tokens_per_s"),
 }
 
 
@@ -273,6 +272,22 @@ def sent_histograms(scores: pd.DataFrame | None, path: Path) -> Path | None:
             axes[1].set_xticks(np.arange(m + 1) / m, [f"{k}/{m}" for k in range(m + 1)])
         axes[1].set(title="Base-model pass rate per question", xlabel="fraction of samples correct",
                     ylabel="questions")
+    return _save(fig, path)
+
+
+@_styled
+def throughput_curve(steps: pd.DataFrame | None, path: Path) -> Path | None:
+    """Rollout and training tokens per second per step: measured (logs/train.json), so this figure goes
+    to the untracked companion of the report (grpo/report/measured.py), never into reports/."""
+    columns = _columns(steps, "rollout_tokens_per_s", "train_tokens_per_s")
+    if not columns:
+        return None
+    fig, (ax,) = _new_figure(SINGLE)
+    for col in columns:
+        ax.plot(steps["step"], steps[col], marker="o", markersize=3, label=col)
+    ax.set(title="Throughput (wall clock of the machine that trained)", ylabel="tokens/s")
+    ax.legend(loc="best")
+    _step_axis(ax)
     return _save(fig, path)
 
 

@@ -10,6 +10,7 @@ from grpo.report import (LIFT, LIFT_N, LIFT_STDERR, MISSING, MODELS, PASS1, PASS
                          base_model_name, eval_benchmarks, eval_metric, fmt, fmt_param)
 from grpo.report.figures import DIAGNOSTIC_PANELS, panel_columns
 from grpo.report.gaming import gaming_evidence
+from grpo.report.measured import MEASURED_REPORT
 from grpo.report.render import Block, Bullets, Code, Heading, Image, Para, Table, to_html, to_markdown
 
 SECTION_TITLES = ("Summary", "Evaluation", "Training", "Checkpoint selection", "Data lineage",
@@ -60,7 +61,7 @@ def lift_table(eval_data: dict | None) -> Table | None:
     return Table(["benchmark"] + [f"{m} − base" for m in TRAINED], rows) if rows else None
 
 
-_METRIC_TAIL = ("answer_rate", "truncation_rate", "mean_length", "tokens_per_s", "generate_s", "n")
+_METRIC_TAIL = ("answer_rate", "truncation_rate", "mean_length", "n")
 
 
 def _metric_order(key: str) -> tuple[int, int, str]:
@@ -141,9 +142,6 @@ def _evaluation(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Bloc
     other = _other_metrics_table(inp.eval)
     if other:
         blocks += [Heading(3, "Other metrics"), other]
-        if "tokens_per_s" in other.header:
-            blocks.append(Para("`generate_s` and `tokens_per_s` are wall-clock figures of the machine that "
-                               "evaluated (logs/eval/, which git and DVC do not track)."))
     return blocks
 
 
@@ -163,10 +161,7 @@ def _training(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]
     if tr:
         blocks.append(Para(
             f"{fmt(tr.get('steps'))} steps. Mean reward over the first five steps {fmt(tr.get('reward_mean_first5'))}, "
-            f"over the last five {fmt(tr.get('reward_mean_last5'))}. "
-            f"Time generating {fmt(tr.get('time_generate_s'))} s, "
-            f"training {fmt(tr.get('time_train_s'))} s (wall clock of the last run on the machine that "
-            "trained: logs/train.json, which git and DVC do not track)."))
+            f"over the last five {fmt(tr.get('reward_mean_last5'))}."))
     skipped = []
     for name, (caption, column) in _FIGURES.items():
         if figures.get(name):
@@ -184,8 +179,7 @@ def _training(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]
     if inp.sent:
         unused = "" if inp.params["train"].curriculum.use_sent else (
             " Training did not use this order (`train.curriculum.use_sent: false`).")
-        blocks += [Para("SENT scoring of the training questions with the base model (metrics/sent.json; the "
-                        f"timings, where this checkout has them, from the untracked logs/sent.json).{unused}"),
+        blocks += [Para(f"SENT scoring of the training questions with the base model (metrics/sent.json).{unused}"),
                    _kv_table({k: v for k, v in inp.sent.items() if k != "enabled"}, ("metric", "value"))]
     else:
         blocks.append(Para("SENT did not run (`sent.enabled: false`, or metrics/sent.json is missing): questions "
@@ -332,9 +326,15 @@ dvc exp show              # compare experiments
             Code(commands, "bash")]
 
 
+WALL_CLOCK_NOTE = (  # the one place the report mentions the measured figures (grpo/report/measured.py)
+    "The wall-clock figures of the machine that ran the stages (timings, tokens/s) are not in this report but "
+    f"in the untracked `{MEASURED_REPORT.as_posix()}`: they differ between runs and machines, and this report "
+    "is reproducible (the same tracked inputs give the same bytes).")
+
+
 def report_blocks(inp: ReportInputs, figures: dict[str, Path | None]) -> list[Block]:
     """The whole report, in order; section headings are ``SECTION_TITLES``."""
-    return ([Heading(1, "GRPO fine-tuning report")]
+    return ([Heading(1, "GRPO fine-tuning report"), Para(WALL_CLOCK_NOTE)]
             + _summary(inp) + _evaluation(inp, figures) + _training(inp, figures) + _selection(inp, figures)
             + _lineage(inp) + _params(inp) + _reproduce(inp))
 

@@ -6,9 +6,10 @@ fails in a later stage, and what a forced rerun changes.
    that had succeeded, so without the committed .gitignore `git status` would list models/base/ and
    data/prepared/ and the README's `git add -A` would commit them. After each run, git sees exactly
    dvc.lock and the `cache: false` outputs, the files the README says to commit.
-2. `dvc repro --force` of every stage up to eval_summary, with the persist outputs (SENT's progress,
-   the checkpoints) deleted so nothing is resumed: dvc.lock and every metrics and `cache: false` file
-   are byte-identical, and `git status` is clean. The measured figures changed, in logs/ only.
+2. `dvc repro --force` of every stage, the report included, with the persist outputs (SENT's progress,
+   the checkpoints) deleted so nothing is resumed: dvc.lock (so reports/ too) and every metrics and
+   `cache: false` file are byte-identical, and `git status` is clean. The measured figures changed, in
+   logs/ only (the report's among them, logs/report_measured.md).
 """
 from __future__ import annotations
 
@@ -83,12 +84,14 @@ def test_forced_rerun_changes_neither_dvc_lock_nor_metrics(project):
     assert git_status(root) == []  # committed by the test above
     before = tracked_bytes(root)
     measured = json.loads((root / "logs/train.json").read_text())
+    companion = (root / "logs/report_measured.md").read_text()
     for persist in ("data/sent_progress", "models/checkpoints"):  # recompute, do not resume
         shutil.rmtree(root / persist)
-    forced = ran_stages(run(["dvc", "repro", "--force", "eval_summary"], root).stdout)
-    assert {"base_model", "prepare", "sent", "train", "select", "eval_summary"} <= set(forced)
+    forced = ran_stages(run(["dvc", "repro", "--force"], root).stdout)
+    assert {"base_model", "prepare", "sent", "train", "select", "eval_summary", "report"} <= set(forced)
     assert sum(s.startswith("evaluate") for s in forced) == 15  # 5 benchmarks x (base, final, best)
     assert tracked_bytes(root) == before
     assert git_status(root) == []
-    assert "up to date" in run(["dvc", "status"], root).stdout  # the report's inputs did not change either
+    assert "up to date" in run(["dvc", "status"], root).stdout
     assert json.loads((root / "logs/train.json").read_text()) != measured  # timings went to logs/ only
+    assert (root / "logs/report_measured.md").read_text() != companion

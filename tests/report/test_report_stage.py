@@ -1,7 +1,9 @@
 """The report stage on synthetic inputs: every section, table, figure and the model card.
 
 The inputs follow the formats the upstream stages write (a few rows each). One variant has no SENT
-and no selection, to prove optional inputs only drop their parts of the report.
+and no selection, to prove optional inputs only drop their parts of the report. The measured figures
+(logs/) reach only the untracked companion, logs/report_measured.md: reports/ is the same bytes
+whatever logs/ holds.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import json
 import math
 import re
 import shutil
+import struct
 from pathlib import Path
 
 import matplotlib.image
@@ -58,9 +61,10 @@ def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, sort_keys=True, indent=1))
 
 
-def write_training_log(root: Path, drop: tuple[str, ...] = ()) -> None:
+def write_training_log(root: Path, drop: tuple[str, ...] = (), slowdown: float = 1.0) -> None:
     """Twelve steps and three validations through the train stage's own writer (DVCLive, TRL names),
-    with the metric names grpo/train/step.py gives them (no kl: beta is 0), minus ``drop``."""
+    with the metric names grpo/train/step.py gives them (no kl: beta is 0), minus ``drop``; the
+    measured figures (logs/train.json) of a machine ``slowdown`` times slower."""
     tracker = Tracker(root / "metrics/train", root / "logs/train.json", [], {}, root / "logs/wandb")
     tracker.start([], [])
     validations = {4: (0.125, 0.25, 130.0, 0.2), 8: (0.25, 0.5, 120.0, 0.1), 12: (0.1875, 0.5625, 118.0, 0.1)}
@@ -77,8 +81,8 @@ def write_training_log(root: Path, drop: tuple[str, ...] = ()) -> None:
             acc, fmt_rate, length, truncated = validations[s]
             validation = {"step": s, "checkpoint": f"step-{s:06d}", "accuracy": acc, "format_rate": fmt_rate,
                           "num_questions": 16.0, "response_length_mean": length, "truncated_frac": truncated}
-        measured = {"rollout_tokens_per_s": 300.0 + s, "train_tokens_per_s": 900.0 + 2 * s,
-                    "time_generate_s": 16.5 + s / 4, "time_train_s": 15.0 + s / 8}
+        measured = {"rollout_tokens_per_s": (300.0 + s) / slowdown, "train_tokens_per_s": (900.0 + 2 * s) / slowdown,
+                    "time_generate_s": (16.5 + s / 4) * slowdown, "time_train_s": (15.0 + s / 8) * slowdown}
         tracker.log_step({k: v for k, v in results.items() if k not in drop}, validation, measured)
     tracker.finish({"steps": 12, "reward_first": 0.16, "reward_last": 0.27, "reward_mean_first5": 0.18,
                     "reward_mean_last5": 0.25, "oom_events_total": 1,
@@ -86,8 +90,10 @@ def write_training_log(root: Path, drop: tuple[str, ...] = ()) -> None:
                                                {"step": 8, "from": 1, "to": 2, "reason": "step_fraction"}]}, [])
 
 
-def make_inputs(root: Path, *, sent: bool = True, selection: bool = True, drop: tuple[str, ...] = ()) -> dict:
-    """Synthetic upstream outputs under ``root``; returns the validated params."""
+def make_inputs(root: Path, *, sent: bool = True, selection: bool = True, drop: tuple[str, ...] = (),
+                slowdown: float = 1.0) -> dict:
+    """Synthetic upstream outputs under ``root``, and the logs/ of a machine ``slowdown`` times slower
+    than the reference one; returns the validated params."""
     params = write_params(root)
     write_json(root / "models/base/MODEL_INFO.json", {
         "architecture": "LlamaForCausalLM", "parameters": 134515008, "dtype": "bfloat16",
@@ -107,7 +113,7 @@ def make_inputs(root: Path, *, sent: bool = True, selection: bool = True, drop: 
                       "| gsm8k | `gsm8k/train.jsonl` | 7473 | MIT | openai/grade-school-math `train.jsonl` |\n"
                       "| gsm8k | `gsm8k/test.jsonl` | 1319 | MIT | openai/grade-school-math `test.jsonl` |\n"
                       "\n## Notes\n")
-    write_training_log(root, drop)
+    write_training_log(root, drop, slowdown)
     if selection:
         write_json(root / "models/best/SELECTION.json", {
             "step": 8, "checkpoint": "step-000008", "metric": "accuracy", "value": 0.25, "mode": "max",
@@ -126,12 +132,13 @@ def make_inputs(root: Path, *, sent: bool = True, selection: bool = True, drop: 
     write_json(root / "metrics/eval.json", eval_data)
     for model in MODELS:  # measured figures: the untracked logs of the machine that evaluated
         for bench in BENCHMARKS:
-            write_json(root / f"logs/eval/{model}/{bench}.json", {"generate_s": 2.5, "tokens_per_s": 310.5})
+            write_json(root / f"logs/eval/{model}/{bench}.json",
+                       {"generate_s": 2.5 * slowdown, "tokens_per_s": 310.5 / slowdown})
     if sent:
         write_json(root / "metrics/sent.json", {"enabled": True, "engine": "native", "M": 8, "questions": 40,
                                                 "entropy_mean": 1.1, "pass_rate_mean": 0.12})
-        write_json(root / "logs/sent.json", {"time_s": 20.0, "generate_s": 16.0, "tokens_per_s": 250.5,
-                                             "questions_resumed": 0})
+        write_json(root / "logs/sent.json", {"time_s": 20.0 * slowdown, "generate_s": 16.0 * slowdown,
+                                             "tokens_per_s": 250.5 / slowdown, "questions_resumed": 0})
         (root / "data/sent").mkdir(parents=True)
         (root / "data/sent/scores.jsonl").write_text("".join(
             json.dumps({"id": f"gsm8k-{i}", "entropy": (i % 7) * 0.3, "clusters": 1 + i % 5, "pass_rate": (i % 5) / 8,
@@ -230,6 +237,16 @@ def test_selection_and_lineage(full_report):
     assert ["source_detail.model", "HuggingFaceTB/SmolLM2-135M-Instruct"] in base
 
 
+def png_chunks(data: bytes) -> list[bytes]:
+    """The chunk types of a PNG file, in order."""
+    types, at = [], len(PNG_SIGNATURE)
+    while at < len(data):
+        length, kind = struct.unpack(">I4s", data[at:at + 8])
+        types.append(kind)
+        at += 12 + length  # length, type, data, CRC
+    return types
+
+
 def test_every_image_exists_and_is_a_png(full_report):
     md = (full_report / "report.md").read_text()
     images = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", md)
@@ -238,6 +255,8 @@ def test_every_image_exists_and_is_a_png(full_report):
         data = (full_report / src).read_bytes()
         assert data[:8] == PNG_SIGNATURE
         assert matplotlib.image.imread(full_report / src).ndim == 3
+        # no text chunk (matplotlib's "Software" key names its version) and no modification time
+        assert not {b"tEXt", b"iTXt", b"zTXt", b"tIME"} & set(png_chunks(data)), src
 
 
 def test_html_is_self_contained(full_report):
@@ -319,26 +338,59 @@ def test_params_only(tmp_path):
     assert yaml.safe_load(card.split("---\n")[1])["license"] == "other"
 
 
-def test_measured_figures_come_from_the_untracked_logs(full_report, tmp_path):
-    """The timings are in no tracked input: the report shows them from logs/, and without logs/ (a fresh
-    clone that pulled the outputs) the same report with those cells empty and the throughput panel gone."""
-    found = sections((full_report / "report.md").read_text())
+def test_measured_figures_go_to_the_untracked_companion(full_report):
+    """The timings are in no tracked input: logs/report_measured.md (and the throughput figure beside
+    it) holds them, and the report only says where they are."""
+    md = (full_report / "report.md").read_text()
+    assert "logs/report_measured.md" in md.split("## Summary")[0]  # the one sentence, under the title
+    for measured in ("tokens_per_s", "generate_s", "Time generating", "Throughput", "logs/train.json"):
+        assert measured not in md
+    assert "not logged: KL to the reference policy)" in sections(md)["Training"]  # no throughput panel
+    logs = full_report.parent / "logs"
+    companion = sections((logs / "report_measured.md").read_text())
     # summed over the 12 steps: 12 * 16.5 + (1 + ... + 12) / 4 and 12 * 15 + (1 + ... + 12) / 8
-    assert "Time generating 217.5 s, training 189.8 s" in found["Training"]
-    assert ["tokens_per_s", "250.5"] in tables(found["Training"])[0]  # the SENT table
-    other = tables(found["Evaluation"])[2]
-    assert other[0][-4:] == ["mean_length", "tokens_per_s", "generate_s", "n"]
-    assert other[1][-3:] == ["310.5", "2.500", "1"]
+    assert "Time generating 217.5 s, training 189.8 s" in companion["Training"]
+    per_step = tables(companion["Training"])[0]
+    # logs/train.json has sorted keys; the report's cells print integral floats as counts
+    assert per_step[0] == ["step", "rollout_tokens_per_s", "time_generate_s", "time_train_s", "train_tokens_per_s"]
+    assert per_step[1] == ["1", "301", "16.750", "15.125", "902"] and len(per_step) == 13
+    assert ["tokens_per_s", "250.5"] in tables(companion["SENT"])[0]
+    evaluation = tables(companion["Evaluation"])[0]
+    assert evaluation[0] == ["model", "benchmark", "generate_s", "tokens_per_s"]
+    assert evaluation[1] == ["base", "gsm8k", "2.500", "310.5"] and len(evaluation) == 1 + 3 * len(BENCHMARKS)
+    throughput = logs / "report_figures/throughput.png"
+    assert "](report_figures/throughput.png)" in companion["Training"]
+    assert throughput.read_bytes()[:8] == PNG_SIGNATURE and matplotlib.image.imread(throughput).ndim == 3
 
-    params = make_inputs(tmp_path)
-    shutil.rmtree(tmp_path / "logs")
-    found = sections((run_stage(tmp_path, params) / "report.md").read_text())
-    assert "Time generating — s, training — s" in found["Training"]
-    assert "tokens_per_s" not in found["Evaluation"] and "tokens_per_s" not in found["Training"]
-    assert "not logged: KL to the reference policy, Throughput (tokens/s)" in found["Training"]
 
-
-def test_reruns_are_byte_identical(full_report, tmp_path):
-    """Same inputs, same bytes (figures included), so a rerun does not churn the DVC cache."""
-    again = run_stage(tmp_path, make_inputs(tmp_path))
+def test_reports_are_the_same_bytes_whatever_logs_holds(full_report, tmp_path):
+    """Same tracked inputs, logs/ of a machine three times slower, then no logs/ at all (a fresh clone
+    that pulled its outputs): reports/ is byte-identical every time, figures included, so a rerun does
+    not change dvc.lock; only the companion follows logs/."""
+    slow, bare = tmp_path / "slow", tmp_path / "bare"
+    slow.mkdir(), bare.mkdir()
+    again = run_stage(slow, make_inputs(slow, slowdown=3.0))
     assert tree_bytes(again) == tree_bytes(full_report)
+    companion = sections((slow / "logs/report_measured.md").read_text())
+    assert "Time generating 652.5 s, training 569.2 s" in companion["Training"]
+    assert ["tokens_per_s", "83.500"] in tables(companion["SENT"])[0]
+
+    params = make_inputs(bare)
+    shutil.rmtree(bare / "logs")
+    assert tree_bytes(run_stage(bare, params)) == tree_bytes(full_report)
+    companion = sections((bare / "logs/report_measured.md").read_text())
+    assert "logs/train.json is missing" in companion["Training"]
+    assert "logs/sent.json is missing" in companion["SENT"] and "has no log" in companion["Evaluation"]
+    assert not (bare / "logs/report_figures").exists()
+
+
+def test_a_rerun_replaces_the_companion(tmp_path):
+    """The companion is rewritten from what logs/ holds now: no stale timings, no stale figure."""
+    params = make_inputs(tmp_path)
+    run_stage(tmp_path, params)
+    assert (tmp_path / "logs/report_figures/throughput.png").is_file()
+    (tmp_path / "logs/train.json").unlink()
+    run_stage(tmp_path, params)
+    companion = (tmp_path / "logs/report_measured.md").read_text()
+    assert "logs/train.json is missing" in companion and "217.5" not in companion
+    assert not (tmp_path / "logs/report_figures").exists()
