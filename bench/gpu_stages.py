@@ -138,13 +138,13 @@ def run_stage(name: str, module: list[str], work: Path, logs: Path, *, cap_gib: 
 
 def longest_prompts(work: Path, raw: dict) -> dict[str, int]:
     """Prompt tokens of the longest question each stage sees, through the project's own prompt builder."""
+    from grpo.config import parse_section
     from grpo.io import read_jsonl
     from grpo.model.loading import load_tokenizer
     from grpo.prompts import PromptStyle, build_prompt
 
     tok = load_tokenizer(work / "models" / "base")
-    p = raw.get("prompt") or {}
-    style = PromptStyle(p.get("style", "tagged"), p.get("system_prompt"), p.get("prefill"))
+    style = PromptStyle.from_params(parse_section("prompt", raw.get("prompt") or {}))  # validated, as stages do
 
     def longest(path: Path) -> int:
         return max(len(tok(build_prompt(tok, row["question"], style), add_special_tokens=False)["input_ids"])
