@@ -264,10 +264,12 @@ def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens
     decode the rows that fit it, as the engine does (``generation_slots``)."""
     static = uses_static_decoder(p.generation_backend, cuda)
     quantised = p.quantization == "nf4"
+    dense_bytes = arch.linear_params * DTYPE_BYTES[compute_dtype]
+    # generate's cached dense copy of the 4-bit base (train.dense_generation); the static decoder frees its own
+    generation_copy = quantised and p.dense_generation and not static
     resident = [
         ("base_weights", weight_bytes(arch, compute_dtype, quantised)),
-        # generate's cached dense copy of the 4-bit base (train.dense_generation); the static decoder frees its own
-        ("dense_copy", arch.linear_params * DTYPE_BYTES[compute_dtype] if quantised and p.dense_generation and not static else 0),
+        ("dense_copy", dense_bytes if generation_copy else 0),
         ("lora_and_optimizer", lora_params(arch, p.lora.r, p.lora.targets) * LORA_TRAIN_BYTES),
         ("runtime", CUDA_RUNTIME_BYTES if cuda else 0),
     ]
@@ -277,10 +279,9 @@ def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens
         quantised=quantised, prompt_tokens=prompt_tokens, new_tokens=new_tokens, static_decoder=static,
         lora_targets=tuple(p.lora.targets), merge_lora=p.generation_merge_lora, top_p=p.top_p, top_k=p.top_k)
     training = plan_training(arch, p, dtype=compute_dtype, prompt_tokens=prompt_tokens, cuda=cuda)
-    generation_copy = quantised and p.dense_generation and not static  # kept between steps, counted above
-    # train.dense_training: the step's own dense copy while it trains (freed before the next rollouts)
-    training["dense_training_copy"] = (arch.linear_params * DTYPE_BYTES[compute_dtype]
-                                       if quantised and p.dense_training and not generation_copy else 0)
+    # train.dense_training: the step's own dense copy while it trains (freed before the next rollouts), unless
+    # generation keeps one between steps (counted above)
+    training["dense_training_copy"] = dense_bytes if quantised and p.dense_training and not generation_copy else 0
     return (
         Phase("train", "generation", tuple(resident + list(generation.items())), "train.generation_batch_size",
               "train.max_response_length", in_flight, new_tokens, capped_from(p.generation_batch_size, in_flight)),
