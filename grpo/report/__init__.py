@@ -28,6 +28,7 @@ from typing import Any
 import pandas as pd
 
 from grpo.config import SECTIONS, to_dict
+from grpo.eval.metrics import Lift
 # the evaluated models, also the column order of every comparison; the lift keys of metrics/eval.json
 from grpo.eval.summary import LIFT, LIFT_N, LIFT_STDERR, MODELS
 from grpo.io import read_json, read_jsonl
@@ -204,6 +205,16 @@ def eval_metric(eval_data: dict | None, model: str, benchmark: str, key: str) ->
     """One number of metrics/eval.json, or None when the model, benchmark or metric is missing."""
     value = (((eval_data or {}).get(model) or {}).get(benchmark) or {}).get(key)
     return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def eval_lift(eval_data: dict | None, model: str, benchmark: str) -> Lift | None:
+    """``model``'s paired lift over the base on ``benchmark`` as eval_summary wrote it to metrics/eval.json,
+    or None where there is none (no base evaluation, or a file from before the lift)."""
+    lift = eval_metric(eval_data, model, benchmark, LIFT)
+    if lift is None:
+        return None
+    return Lift(lift, eval_metric(eval_data, model, benchmark, LIFT_STDERR) or 0.0,
+                int(eval_metric(eval_data, model, benchmark, LIFT_N) or 0))
 
 
 def fmt(x: Any, digits: int = 3) -> str:

@@ -7,7 +7,7 @@ from typing import Any
 from grpo.config import ProtocolParams
 from grpo.data.registry import REGISTRY
 from grpo.report import (LIFT, LIFT_N, LIFT_STDERR, MISSING, MODELS, PASS1, PASS1_STDERR, ReportInputs,
-                         base_model_name, eval_benchmarks, eval_metric, fmt, fmt_param)
+                         base_model_name, eval_benchmarks, eval_lift, eval_metric, fmt, fmt_param)
 from grpo.report.figures import DIAGNOSTIC_PANELS, panel_columns
 from grpo.report.gaming import gaming_evidence
 from grpo.report.measured import MEASURED_REPORT
@@ -43,14 +43,12 @@ LIFT_NOTE = ("in points, the mean change in correctness on the same questions, �
 def lift_cell(eval_data: dict | None, model: str, benchmark: str) -> str:
     """``model``'s lift over the base on ``benchmark`` in points, "+10.2 pts ± 3.5 (paired SE, z 2.9, n 256)";
     without the paired figures (a metrics/eval.json from before them) the plain difference of the pass@1."""
-    lift = eval_metric(eval_data, model, benchmark, LIFT)
+    lift = eval_lift(eval_data, model, benchmark)
     if lift is None:
         base, value = (eval_metric(eval_data, m, benchmark, PASS1) for m in ("base", model))
         return MISSING if base is None or value is None else f"{(value - base) * 100:+.1f} pts (no paired SE)"
-    err = eval_metric(eval_data, model, benchmark, LIFT_STDERR) or 0.0
-    z = f", z {lift / err:.1f}" if err > 0 else ""
-    n = fmt(eval_metric(eval_data, model, benchmark, LIFT_N))
-    return f"{lift * 100:+.1f} pts ± {err * 100:.1f} (paired SE{z}, n {n})"
+    z = "" if lift.z is None else f", z {lift.z:.1f}"
+    return f"{lift.lift * 100:+.1f} pts ± {lift.stderr * 100:.1f} (paired SE{z}, n {fmt(lift.n)})"
 
 
 def lift_table(eval_data: dict | None) -> Table | None:

@@ -15,7 +15,7 @@ import yaml
 from grpo.config import ProtocolParams
 from grpo.data.registry import REGISTRY
 from grpo.prompts import R1_INSTRUCTION, PromptStyle
-from grpo.report import LIFT, LIFT_STDERR, ReportInputs, base_model_name, eval_benchmarks, eval_metric, fmt, fmt_param
+from grpo.report import ReportInputs, base_model_name, eval_benchmarks, eval_lift, fmt, fmt_param
 from grpo.report.markdown import LIFT_NOTE, eval_table, lift_table
 from grpo.report.render import Block, Bullets, Code, Heading, Para, Table, to_markdown
 
@@ -136,9 +136,9 @@ def _lift_verdict(eval_data: dict | None, model: str = "best") -> str:
     (either sign) and where it is under two; a lift without a standard error is in neither."""
     beyond, within = [], []
     for bench in eval_benchmarks(eval_data):
-        lift, err = (eval_metric(eval_data, model, bench, key) for key in (LIFT, LIFT_STDERR))
-        if lift is not None and err:
-            (beyond if abs(lift / err) >= 2 else within).append(f"{bench} (z {lift / err:.1f})")
+        lift = eval_lift(eval_data, model, bench)
+        if lift is not None and lift.z is not None:
+            (beyond if abs(lift.z) >= 2 else within).append(f"{bench} (z {lift.z:.1f})")
     parts = [f"{label} on {', '.join(names)}" for label, names in (("|z| ≥ 2", beyond), ("|z| < 2", within)) if names]
     return f" This adapter (`{model}`): {'; '.join(parts)}." if parts else ""
 
