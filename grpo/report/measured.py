@@ -63,22 +63,23 @@ def _evaluation(inputs: ReportInputs, root: Path) -> list[Block]:
     return blocks + [_rows_table(rows, ("model", "benchmark"))]
 
 
-def measured_blocks(inputs: ReportInputs, root: Path, figure: Path | None) -> list[Block]:
-    """The companion, in order: training, SENT, evaluation; ``figure`` is the throughput PNG or None."""
+def measured_blocks(inputs: ReportInputs, root: Path, train: dict | None, figure: Path | None) -> list[Block]:
+    """The companion, in order: training (``train``: logs/train.json's content), SENT, evaluation;
+    ``figure`` is the throughput PNG or None."""
     return ([Heading(1, "Measured figures of this machine's run"),
              Para(f"Wall-clock figures from {LOGS.as_posix()}/ (grpo/measured.py), which git and DVC do not "
                   "track: they differ between runs and machines, so reports/ leaves them out to stay "
                   "reproducible. Rewritten by every run of the report stage.")]
-            + _training(read_log(root / TRAIN), figure) + _sent(read_log(root / SENT)) + _evaluation(inputs, root))
+            + _training(train, figure) + _sent(read_log(root / SENT)) + _evaluation(inputs, root))
 
 
 def write_measured(inputs: ReportInputs, root: Path = Path(".")) -> Path:
     """Write logs/report_measured.md (and the throughput figure when logs/train.json has one) under
     ``root``, replacing what an earlier run wrote; returns the markdown's path."""
     shutil.rmtree(root / MEASURED_FIGURES, ignore_errors=True)  # a figure this run cannot draw is not kept
-    steps = frame((read_log(root / TRAIN) or {}).get("steps") or [])
+    train = read_log(root / TRAIN)
     figure = MEASURED_FIGURES / THROUGHPUT
-    drawn = throughput_curve(steps, root / figure)
+    drawn = throughput_curve(frame((train or {}).get("steps") or []), root / figure)
     path = root / MEASURED_REPORT
-    atomic_write_text(path, to_markdown(measured_blocks(inputs, root, figure if drawn else None)))
+    atomic_write_text(path, to_markdown(measured_blocks(inputs, root, train, figure if drawn else None)))
     return path
