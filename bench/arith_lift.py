@@ -15,7 +15,6 @@ measure). Issue 19's bar for arith-cpu: a lift of at least 10 points and at leas
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import re
 import subprocess
@@ -26,42 +25,33 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from grpo.eval.metrics import paired_lift  # noqa: E402
+from grpo.eval.summary import question_scores  # noqa: E402
+from grpo.io import read_jsonl  # noqa: E402
 
 CACHE = Path(".dvc/cache/files/md5")
 
 
-def _lines(text: str) -> list[dict]:
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-
-def load(model: str, benchmark: str, rev: str | None) -> list[dict]:
-    """eval/<model>/<benchmark>.jsonl, from the work tree or (``rev``) through that revision's dvc.lock."""
+def samples_path(model: str, benchmark: str, rev: str | None) -> Path:
+    """eval/<model>/<benchmark>.jsonl: in the work tree, or (``rev``) the DVC cache file that revision's
+    dvc.lock names for it."""
     path = f"eval/{model}/{benchmark}.jsonl"
     if rev is None:
-        return _lines(Path(path).read_text(encoding="utf-8"))
+        return Path(path)
     lock = yaml.safe_load(subprocess.run(["git", "show", f"{rev}:dvc.lock"], check=True, capture_output=True,
                                          text=True).stdout)
     for stage in lock["stages"].values():
         for out in stage.get("outs", []):
             if out["path"] == path:
                 md5 = out["md5"]
-                return _lines((CACHE / md5[:2] / md5[2:]).read_text(encoding="utf-8"))
+                return CACHE / md5[:2] / md5[2:]
     raise KeyError(f"{path} is not an output in {rev}:dvc.lock")
-
-
-def per_question(records: list[dict]) -> dict[str, float]:
-    """Each question id's mean correctness over its samples."""
-    grouped: dict[str, list[bool]] = {}
-    for r in records:
-        grouped.setdefault(str(r["id"]), []).append(bool(r["correct"]))
-    return {k: sum(v) / len(v) for k, v in grouped.items()}
 
 
 def questions(benchmark: str) -> dict[str, str]:
     """Question text by id, from data/prepared/eval/<benchmark>.jsonl (the work tree's; where it lacks an id,
     that question is its own cluster)."""
     path = Path(f"data/prepared/eval/{benchmark}.jsonl")
-    return {str(r["id"]): r["question"] for r in _lines(path.read_text(encoding="utf-8"))} if path.exists() else {}
+    return {str(r["id"]): r["question"] for r in read_jsonl(path)} if path.exists() else {}
 
 
 def clustered_se(diffs: dict[str, float], keys: dict[str, str]) -> float:
@@ -75,11 +65,11 @@ def clustered_se(diffs: dict[str, float], keys: dict[str, str]) -> float:
     return math.sqrt(g / (g - 1) * sum(s * s for s in sums.values())) / n if g > 1 else float("nan")
 
 
-def lift(base: list[dict], trained: list[dict], keys: dict[str, str]) -> dict[str, float]:
-    """pass@1 of both, the lift in points, its paired SE in points (grpo.eval.metrics.paired_lift, as the
-    report computes it), the lift in SE units and the SE clustered by the numbers in the question
-    (``keys``: question text by id)."""
-    b, t = per_question(base), per_question(trained)
+def lift(base: Path, trained: Path, keys: dict[str, str]) -> dict[str, float]:
+    """pass@1 of both samples files, the lift in points, its paired SE in points (per question and paired
+    as eval_summary computes them: question_scores, paired_lift), the lift in SE units and the SE
+    clustered by the numbers in the question (``keys``: question text by id)."""
+    b, t = question_scores(base), question_scores(trained)
     paired = paired_lift(b, t)
     return {"n": paired.n, "base": sum(b.values()) / paired.n, "trained": sum(t.values()) / paired.n,
             "lift_pts": 100 * paired.lift, "se_pts": 100 * paired.stderr,
@@ -87,8 +77,9 @@ def lift(base: list[dict], trained: list[dict], keys: dict[str, str]) -> dict[st
             "cluster_se_pts": 100 * clustered_se({k: t[k] - b[k] for k in b}, keys)}
 
 
-def shape(records: list[dict]) -> str:
+def shape(path: Path) -> str:
     """Answer rate, truncation rate and mean length in tokens of a samples file."""
+    records = read_jsonl(path)
     n = len(records)
     answered = sum(r.get("answer") is not None for r in records) / n
     cut = sum(r.get("finish_reason") == "length" for r in records) / n
@@ -101,10 +92,10 @@ def main() -> None:
     parser.add_argument("--benchmark", default="arith")
     parser.add_argument("--models", nargs="+", default=["final", "best"])
     args = parser.parse_args()
-    base, keys = load("base", args.benchmark, args.rev), questions(args.benchmark)
+    base, keys = samples_path("base", args.benchmark, args.rev), questions(args.benchmark)
     print(f"base: {shape(base)}")
     for model in args.models:
-        trained = load(model, args.benchmark, args.rev)
+        trained = samples_path(model, args.benchmark, args.rev)
         r = lift(base, trained, keys)
         print(f"{model}: n {r['n']}, base {r['base']:.3f}, {model} {r['trained']:.3f}, lift {r['lift_pts']:+.1f} pts, "
               f"paired SE {r['se_pts']:.2f} pts ({r['lift_se']:+.2f} SE; clustered by numbers: "
