@@ -16,7 +16,7 @@ from pathlib import Path
 PURE = ["math-verify", "latex2sympy2_extended", "antlr4-python3-runtime", "dvclive", "dvc", "dvc-render",
         "dvc-studio-client", "funcy", "flatten-dict", "ruamel.yaml", "voluptuous", "wcwidth", "diskcache", "dpath",
         "dvc-data", "dvc-http", "dvc-objects", "atpublic", "scmrepo", "sqltrie", "flufl.lock", "zc.lockfile",
-        "pygtrie", "bitsandbytes"]
+        "pygtrie", "bitsandbytes", "pytest", "pluggy", "iniconfig"]
 for name in PURE:
     dist = distribution(name)
     site = Path(dist.locate_file(""))

@@ -8,7 +8,7 @@ and memory do not depend on the values; nothing can be downloaded on the device 
 Each part writes ``$OUT/gpu_<part>.json`` (default bench/results/; bench/gpu_report.py tabulates them).
 ``step`` runs the backends named in BACKENDS (default triton,torch; one process each gives clean memory
 figures) on the 8 GB preset's train params (presets/rtx3060ti-8gb.yaml; TRAIN_MB and GEN_SEQS override
-its micro-batches). QUICK=1 shrinks every shape (a smoke test).
+its micro-batches; STEPS the number of steps, default 2). QUICK=1 shrinks every shape (a smoke test).
 Run from the repository root; the device command used is in bench/RESULTS.md.
 """
 from __future__ import annotations
@@ -81,7 +81,7 @@ def fast_rollout(decoder, batch: int, new: int, seed: int = 0) -> dict:
     graph = decoder._graph
 
     def timed_graph(length):  # graphs are captured on first use: time those calls apart
-        if length in decoder._graphs:
+        if decoder.graph_key(length) in decoder._graphs:
             return graph(length)
         result, seconds = timed(lambda: graph(length))
         capture.append(seconds)
@@ -241,8 +241,9 @@ def step_run(backend: str, model_dir: Path, style, rows: list[dict], res: dict) 
     parts.engine = PeakMeasuredEngine(parts.engine, phases)  # a part of the bench's own: generation's peak
     trainer = Trainer(params, style, paths, rows, [], parts, "bench")
     steps = []
-    for step in range(2):  # step 0 also compiles the decode step (and Triton kernels): not steady
-        batch_rows = rows[step * params.prompts_per_step:(step + 1) * params.prompts_per_step]
+    for step in range(int(os.environ.get("STEPS", "2"))):  # step 0 also compiles (and tunes kernels): not steady
+        first = step * params.prompts_per_step % len(rows)
+        batch_rows = rows[first:first + params.prompts_per_step]
         (metrics, ro, _), seconds = timed(lambda: grpo_step(trainer.ctx, batch_rows, step))
         entry = {"s": round(seconds, 2), "generate_s": round(metrics["time_generate_s"], 2),
                  "train_s": round(metrics.get("time_train_s", 0.0), 2),

@@ -7,10 +7,12 @@ stage's params onto them:
 
 - generation (``plan_generation``, shared by sent, the train rollouts and validation, evaluate and
   ``grpo.infer``): on CUDA the static decoder (grpo/rollout/static_decode.py) holds ``decoder_copy``
-  while it generates: a dense copy of 4-bit linear weights, q/k/v concatenated, and the layers whose
-  LoRA it merges (q/k/v/o). Each of the ``sequences`` concurrent sequences (the decoder's slots) has a
-  KV cache of prompt + new tokens, rounded up to the cache bucket; ``decode_step`` is one decode step's
-  logits and sampling buffers and its attention scores over the cache; ``prefill`` is the prompt pass
+  while it generates: a dense copy of 4-bit linear weights (once: q/k/v and the MLP's gate/up are
+  de-quantised into their concatenations), or of an unquantised base the concatenated q/k/v and the
+  layers whose LoRA it merges. Each of the ``sequences`` concurrent sequences (the decoder's slots) has
+  a KV cache of prompt + new tokens, rounded up to the cache bucket; ``decode_step`` is one decode step's
+  logits and sampling buffers (attention scores over the cache only where the Triton decode-attention
+  kernel cannot take the head layout: it keeps them in registers); ``prefill`` is the prompt pass
   (the MLP's three intermediates and fp32 attention scores over the prompt, for every prompt token of
   the ``prefill_rows`` prompts it admits at once). HF ``generate`` (off CUDA, or ``generation_backend:
   hf``) has no decoder copy, an exact-length cache and memory-efficient attention.
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from grpo.config import TrainParams
+from grpo.kernels.decode_attention import layout_supported
 from grpo.rollout.static_decode import CACHE_BUCKET
 
 GIB = 1024**3
@@ -176,19 +179,25 @@ def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, 
     decoder = 0
     if static_decoder:
         tokens = -(-tokens // CACHE_BUCKET) * CACHE_BUCKET  # the static cache is allocated whole, in buckets
-        qkv = sum(a * b for name, (a, b) in shapes.items() if name in ("q_proj", "k_proj", "v_proj"))
-        merged_o = merge_lora and "o_proj" in lora_targets
-        per_layer = qkv + (shapes["o_proj"][0] * shapes["o_proj"][1] if merged_o else 0)
-        # MLP adapters are always merged into a copy of their layer (grpo/rollout/static_layers.py)
-        per_layer += sum(a * b for name, (a, b) in shapes.items()
-                         if name in ("gate_proj", "up_proj", "down_proj") and name in lora_targets)
-        decoder = ((arch.linear_params if quantised else 0) + arch.num_hidden_layers * per_layer) * dt
+        def size(*names: str) -> int:
+            return sum(shapes[n][0] * shapes[n][1] for n in names)
+
+        if quantised:  # every layer de-quantised once, LoRA merged into those copies
+            per_layer = size(*shapes)
+        else:  # grpo/rollout/static_layers.py: q/k/v concatenated; MLP adapters always merged, gate with up
+            merged_o = merge_lora and "o_proj" in lora_targets
+            per_layer = size("q_proj", "k_proj", "v_proj") + (size("o_proj") if merged_o else 0)
+            per_layer += size("gate_proj", "up_proj") if {"gate_proj", "up_proj"} & set(lora_targets) else 0
+            per_layer += size("down_proj") if "down_proj" in lora_targets else 0
+        decoder = arch.num_hidden_layers * per_layer * dt
     kv = sequences * tokens * arch.kv_values_per_token * dt
     logits = sequences * arch.vocab_size * sampling_bytes_per_logit(dtype, greedy=greedy, top_p=top_p, top_k=top_k)
-    # explicit attention (static decoder): scores [heads x length] go bf16 -> fp32 -> scaled -> masked ->
-    # softmax -> cast, about 10 bytes a score at a time; HF generate uses memory-efficient SDPA
+    # explicit attention (static decoder's prefill, and its decode step where the Triton kernel cannot
+    # run): scores [heads x length] go bf16 -> fp32 -> scaled -> masked -> softmax -> cast, about 10 bytes
+    # a score at a time; HF generate uses memory-efficient SDPA
     attention = arch.num_attention_heads * (2 * 4 + dt) if static_decoder else 0
-    step = logits + sequences * tokens * attention
+    fused = layout_supported(arch.head_dim, arch.num_attention_heads // arch.num_key_value_heads)
+    step = logits + (0 if fused else sequences * tokens * attention)
     prefill = prefill_rows * prompt_tokens * (3 * arch.intermediate_size * dt + prompt_tokens * attention)
     return {"decoder_copy": decoder, "kv_cache": kv, "decode_step": step, "prefill": prefill}
 

@@ -56,17 +56,17 @@ def test_train_plan_matches_a_hand_calculation():
 def test_cuda_plan_has_the_static_decoder_and_the_fused_logprob_kernel():
     plan = train_plan(cuda=True)
     gen = plan["generation"]
-    # the static decoder de-quantises every linear weight (73728 * 2 bytes) and concatenates q/k/v
-    # (64*64 + 2 * 64*32 = 8192 a layer, 2 layers); o_proj is no LoRA target here, so nothing is merged there
-    assert gen.row("decoder_copy") == 73728 * 2 + 2 * 8192 * 2
+    # the static decoder de-quantises every linear weight once (73728 * 2 bytes), q/k/v and gate/up straight
+    # into their concatenations, LoRA merged into those copies
+    assert gen.row("decoder_copy") == 73728 * 2
     assert gen.row("dense_copy") == 0  # generate's cached copy is not used, and the decoder frees its own
     assert gen.row("kv_cache") == 8 * 128 * 256  # 40 tokens, the static cache rounded up to its 128-token bucket
-    # explicit attention in a decode step: 4 heads x 128 cached positions x (3 fp32 copies' worth + bf16)
-    assert gen.row("decode_step") == 8 * 1000 * 22 + 8 * 128 * 4 * (8 + 2)
+    # the Triton kernel keeps a decode step's attention scores in registers (head_dim 16 is a power of two)
+    assert gen.row("decode_step") == 8 * 1000 * 22
     assert gen.row("prefill") == 80 * (3 * 128 * 2 + 10 * 4 * (8 + 2))  # and scores over the 10-token prompt
     assert plan["training"].row("logprob_logits") == 60 * 1000 * 2  # one bf16 buffer in the Triton kernel
     with_o = train_plan(dataclasses.replace(PARAMS, lora=LoraParams(r=4, targets=["q_proj", "o_proj"])), cuda=True)
-    assert with_o["generation"].row("decoder_copy") == gen.row("decoder_copy") + 2 * 64 * 64 * 2  # o merged
+    assert with_o["generation"].row("decoder_copy") == gen.row("decoder_copy")  # o merged into its copy
     hf = train_plan(dataclasses.replace(PARAMS, generation_backend="hf", logprob_backend="torch"), cuda=True)
     assert hf["generation"].row("decoder_copy") == 0 and hf["generation"].row("dense_copy") == 73728 * 2
     assert hf["training"].row("logprob_logits") == 3 * 60 * 1000 * 4
@@ -112,6 +112,19 @@ def test_options_change_only_their_component():
     assert plain.row("base_weights") == (73728 + 128000) * 2 and plain.row("dense_copy") == 0 and plain.row("runtime") > 0
     # unquantised: the decoder copies only the concatenated q/k/v (and merged LoRA layers), not the MLP
     assert plain.row("decoder_copy") == 2 * 8192 * 2
+
+
+def test_decoder_rows_follow_what_the_decoder_copies_and_computes():
+    """Unquantised: gate and up are copied together once either carries LoRA (one concatenated matmul);
+    a head layout the Triton decode-attention kernel cannot take (head_dim 48) brings back the decode
+    step's explicit attention scores (4 heads x 128 cached positions x 10 bytes)."""
+    shape = dict(dtype="bfloat16", quantised=False, sequences=2, prompt_tokens=10, new_tokens=100, static_decoder=True)
+    assert plan_generation(ARCH, **shape)["decoder_copy"] == 2 * 8192 * 2  # q/k/v only
+    gate = plan_generation(ARCH, lora_targets=("gate_proj",), **shape)
+    assert gate["decoder_copy"] == 2 * (8192 + 2 * 64 * 128) * 2
+    fused = plan_generation(ARCH, **shape)["decode_step"]
+    assert fused == 2 * 1000 * 22
+    assert plan_generation(dataclasses.replace(ARCH, head_dim=48), **shape)["decode_step"] == fused + 2 * 128 * 4 * 10
 
 
 def test_arch_counts_match_a_real_model(tiny_model_dir):
@@ -167,10 +180,11 @@ def test_evaluate_plan_matches_a_hand_calculation():
     assert plan.row("decoder_copy") == 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64) * 2  # q/k/v concatenated, o merged
     assert plan.row("kv_cache") == 6 * 128 * 256  # 10 + 100 tokens, bucketed to 128; 256 bytes a token
     # top-p sampling: bf16 + fp32 logits, 4 fp32 sampling buffers, sorted fp32 + int64 order + 2 fp32 + 2 masks
-    # + a masked copy = 48 bytes per vocabulary entry; attention over 128 positions, 4 heads, 10 bytes a score
-    assert plan.row("decode_step") == 6 * 1000 * 48 + 6 * 128 * 4 * 10
+    # + a masked copy = 48 bytes per vocabulary entry (the Triton kernel keeps attention scores in registers)
+    assert plan.row("decode_step") == 6 * 1000 * 48
+    # prefill's explicit attention: scores over the 10-token prompt, 4 heads, 10 bytes a score
     assert plan.row("prefill") == 6 * 10 * (3 * 128 * 2 + 10 * 4 * 10)
-    assert plan.peak == (403456 + 8192 + CUDA_RUNTIME_BYTES + 49152 + 196608 + 288000 + 30720 + 70080)
+    assert plan.peak == (403456 + 8192 + CUDA_RUNTIME_BYTES + 49152 + 196608 + 288000 + 70080)
     assert (plan.stage, plan.knob, plan.tokens_knob) == ("evaluate final/aime24", "evaluate.batch_size",
                                                         "evaluate.benchmarks.aime24.max_new_tokens")
     base = plan_evaluate(ARCH, ev, "aime24", "base", adapter=adapter, prep=PrepareParams(), cuda=True, prompt_tokens=10)
@@ -188,7 +202,7 @@ def test_max_slots_is_the_largest_count_that_fits():
         rows = plan_generation(ARCH, sequences=n, **shape)
         return rows["kv_cache"] + rows["decode_step"] + rows["prefill"]
 
-    per_slot = 128 * 256 + 1000 * 48 + 128 * 4 * 10 + 10 * (3 * 128 * 2 + 10 * 4 * 10)  # hand: cache, step, prefill
+    per_slot = 128 * 256 + 1000 * 48 + 10 * (3 * 128 * 2 + 10 * 4 * 10)  # hand: cache, step, prefill
     assert cost(1) == per_slot and cost(7) == 7 * per_slot
     assert max_slots(ARCH, 7 * per_slot, **shape) == 7 and max_slots(ARCH, 7 * per_slot - 1, **shape) == 6
     assert max_slots(ARCH, per_slot - 1, **shape) == 0

@@ -29,15 +29,20 @@ def linear4bit_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [m for m in model.modules() if isinstance(m, bnb.nn.Linear4bit)]
 
 
+def dequantized(module: torch.nn.Module) -> torch.Tensor:
+    """A new de-quantised copy of a 4-bit layer's weight in its compute dtype (not cached)."""
+    import bitsandbytes.functional as bnbf
+
+    weight = bnbf.dequantize_4bit(module.weight.data, module.weight.quant_state)
+    return weight.to(module.compute_dtype or weight.dtype).contiguous()
+
+
 def dense_weight(module: torch.nn.Module) -> torch.Tensor:
     """The de-quantised weight of a 4-bit layer in its compute dtype, cached on the module until
     ``drop_dense_copies``."""
     cached = getattr(module, "_dense_weight", None)
     if cached is None:
-        import bitsandbytes.functional as bnbf
-
-        weight = bnbf.dequantize_4bit(module.weight.data, module.weight.quant_state)
-        cached = weight.to(module.compute_dtype or weight.dtype).contiguous()
+        cached = dequantized(module)
         module._dense_weight = cached  # frozen base: computed once, reused by every rollout
     return cached
 

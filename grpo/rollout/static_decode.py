@@ -7,16 +7,20 @@ kernels a decode step from Python, so a step costs tens of milliseconds whatever
 (nf4 generate reaches 317 tok/s at batch 64, 0.3% of the bandwidth floor: docs/ARCHITECTURE.md,
 "Facts measured"). Here the whole step (28 layers, LM head, temperature / top-k / top-p, sampling, stop bookkeeping) is one graph
 replay; the host syncs only every ``sync_every`` steps, or when a row reaches its length limit.
-Inside the graph the kernels still run one after another, so on CUDA each layer's two halves are
-torch.compile'd to fuse the norm / RoPE / softmax / SwiGLU elementwise work (the first call compiles,
-~a minute). The layer maths and weights are grpo/rollout/static_layers.py.
+Inside the graph the kernels still run one after another, and at small batches their count, not the
+weights they read, bounds a step: so on CUDA each layer's attention (RoPE, the cache write, the
+softmax over the slot's cache) is one Triton kernel (grpo/kernels/decode_attention.py), the parts
+around it are torch.compile'd to fuse the residual / norm / SwiGLU elementwise work into the matmuls'
+neighbours, and the sampler is compiled whole. The layer maths and weights are
+grpo/rollout/static_layers.py.
 
 Continuous batching (grpo/rollout/slots.py schedules it): each slot is one row of the cache with its
 own cursor (where its next key/value goes), RoPE position, token count, limit and sampling key. When
 a slot's row ends, the next waiting prompt is prefilled into that slot's cache row, so a request is
-never held by its longest row and needs only ``slots`` rows of cache. A decode step attends over the
-cache up to a length bucket (the maximum over live slots, rounded up): one captured graph per bucket,
-captured when first needed; admissions only write into the buffers the graphs read.
+never held by its longest row and needs only ``slots`` rows of cache. With the Triton kernel each slot
+attends over its own cache up to its cursor, so one captured graph serves the whole call; the PyTorch
+attention (CPU) attends over the cache up to a length bucket (the maximum over live slots, rounded up),
+one graph per bucket. Admissions only write into the buffers the graphs read.
 
 Sampling is grpo/rollout/sampling.py: each row's noise is keyed by (seed, prompt, sample, position),
 so a row draws the same tokens whatever its slot, its neighbours or the number of slots, and the
@@ -29,12 +33,14 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from grpo.kernels.decode_attention import decode_attention, fused_supported
 from grpo.model.dequant import drop_dense_copies, linear4bit_modules
-from grpo.rollout.sampling import gumbel_noise, row_keys, sample
+from grpo.rollout.sampling import row_keys, sample
 from grpo.rollout.slots import SlotSchedule, Wave
-from grpo.rollout.static_layers import attend_and_mlp, layer_weights, project_qkv
+from grpo.rollout.static_layers import (attend, heads, layer_weights, output_and_mlp, qkv_projection,
+                                        torch_decode_attention)
 
-CACHE_BUCKET = 128  # KV cache lengths are multiples of this: one captured graph (and compile) per bucket
+CACHE_BUCKET = 128  # KV cache lengths are multiples of this (and, without the Triton kernel, one graph per bucket)
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral", "qwen3")
 
@@ -57,12 +63,14 @@ class StaticDecoder:
     """Prefill plus graph-replayed decode over the weights of ``model`` (dense copies where the base is
     4-bit, merged copies of LoRA layers when ``merge_lora``). Call ``refresh()`` after LoRA changes.
 
-    On CUDA each layer's two halves and the sampling noise are compiled by torch.compile
-    (``compile``) so that the elementwise work fuses into a few kernels: with ~45 small kernels a
-    layer a decode step is launch-bound even inside a CUDA graph."""
+    On CUDA (``compile``) the parts of each layer around its attention, and the sampler, are compiled
+    by torch.compile so that the elementwise work fuses into a few kernels, and (``fused_attention``,
+    where Triton runs) the attention is one Triton kernel: with ~20 small kernels a layer a decode step
+    was launch-bound even inside a CUDA graph."""
 
     def __init__(self, model: torch.nn.Module, *, merge_lora: bool = True, cuda_graphs: bool | None = None,
-                 compile: bool | None = None, bucket: int = CACHE_BUCKET, sync_every: int = 32) -> None:
+                 compile: bool | None = None, fused_attention: bool | None = None, bucket: int = CACHE_BUCKET,
+                 sync_every: int = 32) -> None:
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"StaticDecoder cannot run this model: {reason}")
@@ -79,9 +87,12 @@ class StaticDecoder:
         self._quantised = {id(m) for m in linear4bit_modules(model)}
         self.dtype = self._compute_dtype()
         self.compile = on_gpu if compile is None else compile
-        self._part1 = torch.compile(project_qkv) if self.compile else project_qkv
-        self._part2 = torch.compile(attend_and_mlp) if self.compile else attend_and_mlp
-        self._noise = torch.compile(gumbel_noise) if self.compile else gumbel_noise
+        group = cfg.num_attention_heads // self.n_kv
+        self.fused = fused_supported(self.device, self.head_dim, group) if fused_attention is None else fused_attention
+        # static shapes: a decoder sees few slot counts, and each gets kernels specialised to it
+        self._part1 = torch.compile(qkv_projection, dynamic=False) if self.compile else qkv_projection
+        self._part2 = torch.compile(output_and_mlp, dynamic=False) if self.compile else output_and_mlp
+        self._pick = torch.compile(sample, dynamic=False) if self.compile else sample
         self.weights: list[tuple[tuple, tuple]] = []
         # the graphs' warm-up stream, one for the decoder's life: cuBLAS gives every new stream a workspace
         # of its own (32 MiB on Hopper) that is never freed, and a stream per capture held 29 of them
@@ -109,26 +120,25 @@ class StaticDecoder:
         drop_dense_copies(self.model)
 
     # --- the forward pass ------------------------------------------------------------------
-    def _forward(self, ids: Tensor, positions: Tensor, mask: Tensor,
-                 store: Callable[[int, Tensor, Tensor], tuple[Tensor, Tensor]], eager: bool = False) -> Tensor:
-        """Run ``ids`` [B, T] at ``positions`` [B, T]. ``store(layer, k, v)`` writes the new keys and
-        values into the cache and returns the ones to attend over, where ``mask`` [B, T, L] allows.
-        Returns the last position's final hidden state [B, H]. ``eager``: prefill's varying shapes
-        skip the compiled parts."""
-        part1, part2 = (project_qkv, attend_and_mlp) if eager else (self._part1, self._part2)
+    def _forward(self, ids: Tensor, positions: Tensor, attention: Callable[..., Tensor], eager: bool = False) -> Tensor:
+        """Run ``ids`` [B, T] at ``positions`` [B, T]. ``attention(layer, qkv, cos, sin, w1)`` writes the
+        new keys and values into the cache and returns the attention output [B, T, Hq * D]. Returns the
+        last position's final hidden state [B, H]. ``eager``: prefill's varying shapes skip the
+        compiled parts."""
+        part1, part2 = (qkv_projection, output_and_mlp) if eager else (self._part1, self._part2)
+        eps = self.cfg[3]
         x = self.body.embed_tokens(ids).to(self.dtype)
         cos, sin = self.body.rotary_emb(x, positions)
-        cos, sin = cos[:, :, None], sin[:, :, None]
+        delta = None
         for i, (w1, w2) in enumerate(self.weights):
-            q, k, v = part1(x, cos, sin, w1, self.cfg)
-            k, v = store(i, k, v)
-            x = part2(x, q, k, v, mask, w2, self.cfg)
-        return self.body.norm(x[:, -1])
+            x, qkv = part1(x, delta, w1, eps)
+            x, delta = part2(x, attention(i, qkv, cos, sin, w1), w2, eps)
+        return self.body.norm((x + delta)[:, -1])
 
-    def _sample(self, hidden: Tensor, keys: Tensor, positions: Tensor) -> Tensor:
+    def _sample(self, hidden: Tensor, keys: Tensor, positions: Tensor, eager: bool = False) -> Tensor:
         logits = self.model.get_output_embeddings()(hidden)
-        return sample(logits, keys, positions, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
-                      noise=self._noise)
+        return (sample if eager else self._pick)(logits, keys, positions, temperature=self.temperature,
+                                                 top_k=self.top_k, top_p=self.top_p)
 
     def _stops(self, token: Tensor) -> Tensor:
         return (token[:, None] == self.stop_ids[None]).any(-1)
@@ -172,21 +182,22 @@ class StaticDecoder:
         slots = torch.tensor(wave.slots, device=dev)
         # HF's positions for left padding: cumsum of the mask - 1, pads at 1
         positions = (mask.long().cumsum(-1) - 1).masked_fill_(~mask, 1)
-        attend = mask[:, None, :] & torch.ones(width, width, dtype=torch.bool, device=dev).tril_()[None]
+        attend_mask = mask[:, None, :] & torch.ones(width, width, dtype=torch.bool, device=dev).tril_()[None]
 
-        def store(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        def attention(i: int, qkv: Tensor, cos: Tensor, sin: Tensor, w1: tuple) -> Tensor:
+            q, k, v = heads(qkv, cos[:, :, None], sin[:, :, None], w1, self.cfg)
             self.k_cache[i][slots, :, :width] = k
             self.v_cache[i][slots, :, :width] = v
-            return k, v  # a new row attends over its own prompt only
+            return attend(q, k, v, attend_mask, self.cfg)  # a new row attends over its own prompt only
 
-        hidden = self._forward(ids, positions, attend, store, eager=True)
+        hidden = self._forward(ids, positions, attention, eager=True)
         self.valid.index_fill_(0, slots, False)
         self.valid[slots, :width] = mask
         self.keys[slots] = keys[torch.tensor(wave.rows, device=keys.device)].to(dev)
         self.limit[slots] = torch.tensor([limits[r] for r in wave.rows], device=dev)
         self.cursor[slots] = width
         self.positions[slots] = mask.sum(-1)
-        first = self._sample(hidden, self.keys[slots], torch.zeros_like(slots))
+        first = self._sample(hidden, self.keys[slots], torch.zeros_like(slots), eager=True)
         self.out.index_fill_(0, slots, pad)
         self.out[slots, 0] = first
         self.tokens[slots] = first
@@ -195,16 +206,19 @@ class StaticDecoder:
 
     def _decode_step(self, length: int) -> None:
         """One token for every slot, reading and writing only the persistent buffers (graph-safe): each
-        slot writes its key/value at its own cursor and attends over the cache up to ``length``."""
-        at = self.cursor[:, None, None, None].expand(-1, self.n_kv, 1, self.head_dim)
+        slot writes its key/value at its own cursor and attends over its cache (the PyTorch attention:
+        over the cache up to ``length``)."""
+        n_heads, _, _, eps = self.cfg
 
-        def store(i: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-            self.k_cache[i].scatter_(2, at, k)
-            self.v_cache[i].scatter_(2, at, v)
-            return self.k_cache[i][:, :, :length], self.v_cache[i][:, :, :length]
+        def attention(i: int, qkv: Tensor, cos: Tensor, sin: Tensor, w1: tuple) -> Tensor:
+            if self.fused:
+                return decode_attention(qkv, cos, sin, self.k_cache[i], self.v_cache[i], self.valid, self.cursor,
+                                        n_heads=n_heads, q_norm=w1[5], k_norm=w1[6], eps=eps)[:, None]
+            return torch_decode_attention(qkv, cos, sin, self.k_cache[i], self.v_cache[i], self.valid,
+                                          self.cursor, length, w1, self.cfg)
 
         self.valid.scatter_(1, self.cursor[:, None], True)
-        hidden = self._forward(self.tokens[:, None], self.positions[:, None], self.valid[:, None, :length], store)
+        hidden = self._forward(self.tokens[:, None], self.positions[:, None], attention)
         token = torch.where(self.finished, self.pad_id, self._sample(hidden, self.keys, self.count))
         live = (~self.finished).long()
         column = torch.where(self.finished, self.out.shape[1] - 1, self.count)
@@ -215,12 +229,17 @@ class StaticDecoder:
         self.cursor += live  # an ended slot stays put: its writes never leave the cache
         self.positions += live
 
+    def graph_key(self, length: int) -> int:
+        """Which captured graph runs the decode step at ``length``: the fused attention reads no length,
+        so one graph serves every length."""
+        return 0 if self.fused else length
+
     def _graph(self, length: int) -> torch.cuda.CUDAGraph:
         """The decode step at ``length`` as a CUDA graph, captured on first use. The warm-up run before
         capture (cuBLAS handles, compilation, allocator) advances the state, so the state is saved
         and restored around it; the keys/values it wrote sit where the replayed step writes them again.
         Capture itself only records."""
-        graph = self._graphs.get(length)
+        graph = self._graphs.get(self.graph_key(length))
         if graph is None:
             saved = [t.clone() for t in self._state()]
             if self._side is None:
@@ -235,7 +254,7 @@ class StaticDecoder:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
                 self._decode_step(length)
-            self._graphs[length] = graph
+            self._graphs[self.graph_key(length)] = graph
         return graph
 
     def _collect(self, schedule: SlotSchedule, results: list, on_done) -> None:
@@ -275,13 +294,11 @@ class StaticDecoder:
         if not self.weights:  # released since the last call
             self.refresh()
         n_slots = min(slots or len(prompts), len(prompts))
-        # cache length rounded up to the bucket: fewer distinct shapes, so fewer recompiles
         cache_len = -(-(max(map(len, prompts)) + max(limits)) // self.bucket) * self.bucket
         if self.compile:
-            # each new (slots, length) recompiles the layer halves once; past dynamo's default limit of 8
-            # it would silently fall back to eager (seen in bench/gpu_bench.py's many shapes)
-            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit,
-                                                       64, 2 * cache_len // self.bucket + 8)
+            # each new slot count recompiles the layer parts and the sampler once; past dynamo's default
+            # limit of 8 it would silently fall back to eager (seen in bench/gpu_bench.py's many shapes)
+            torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         schedule = SlotSchedule([len(p) for p in prompts], limits, n_slots, refill=refill,
                                 sync_every=self.sync_every, bucket=self.bucket, cache_len=cache_len)
         results: list[list[int] | None] = [None] * len(prompts)

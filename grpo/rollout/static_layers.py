@@ -1,15 +1,20 @@
 """The layer maths of the static decoder (grpo/rollout/static_decode.py): one Qwen2/Llama-layout layer
-as two functions over plain weight tuples, so that each half compiles (torch.compile) and the whole
-decode step can be captured as a CUDA graph.
+as plain functions over weight tuples, so that they compile (torch.compile) and the whole decode step
+can be captured as a CUDA graph.
+
+A layer is split where the attention goes:
+- ``qkv_projection``: the previous layer's MLP output added to the residual stream, the norm and the
+  fused q/k/v projection (one kernel around one matmul once compiled);
+- attention: on a GPU one Triton kernel per layer for a decode step (grpo/kernels/decode_attention.py),
+  else ``torch_attention`` (heads, RoPE, the cache write, explicit attention), which prefill always runs;
+- ``output_and_mlp``: output projection, residual, norm, SwiGLU MLP; its output is added by the next
+  layer's ``qkv_projection``, so that residual add and norm are one kernel.
 
 Weights: every linear layer runs as a dense matmul in the compute dtype. A bitsandbytes 4-bit base is
-de-quantised once and cached (grpo.model.dequant, the copy ``dense_base`` also uses); q/k/v run as one
-concatenated matmul. LoRA layers are either folded into that concatenated copy (``merge=True``: the
-copy exists anyway, so merging costs no memory beyond the LoRA-targeted layers) or applied unmerged as
-two extra small matmuls per projection group.
-
-Attention is computed explicitly (grouped-query matmuls, fp32 softmax) over the keys and values the
-caller passes (a cache up to a length bucket, or a prompt's own), where a boolean mask allows.
+de-quantised into copies held by the decoder alone (freed by ``StaticDecoder.release``); q/k/v run as one
+concatenated matmul, and the MLP's gate and up as one wherever a copy is made anyway. LoRA layers are
+either folded into those copies (``merge=True``: the copy exists anyway, so merging costs no memory
+beyond the LoRA-targeted layers) or applied unmerged as two extra small matmuls per projection group.
 """
 from __future__ import annotations
 
@@ -17,20 +22,24 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from grpo.model.dequant import dense_weight
+from grpo.model.dequant import dequantized
 from grpo.model.lora import LoRALinear
 
 
+def _base(module: torch.nn.Module) -> torch.nn.Module:
+    return module.base if isinstance(module, LoRALinear) else module
+
+
 def _dense(module: torch.nn.Module, quantised: set[int], dtype: torch.dtype) -> Tensor:
-    """The frozen base weight of a linear layer in the compute dtype (4-bit: the cached dense copy)."""
-    base = module.base if isinstance(module, LoRALinear) else module
+    """The frozen base weight of a linear layer in the compute dtype (4-bit: a new de-quantised copy)."""
+    base = _base(module)
     if id(base) in quantised:
-        return dense_weight(base)
+        return dequantized(base)
     return base.weight if base.weight.dtype == dtype else base.weight.to(dtype)
 
 
 def _bias(module: torch.nn.Module, dtype: torch.dtype) -> Tensor | None:
-    base = module.base if isinstance(module, LoRALinear) else module
+    base = _base(module)
     return None if base.bias is None else base.bias.to(dtype)
 
 
@@ -45,16 +54,25 @@ def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * h.to(x.dtype)
 
 
-def project_qkv(x: Tensor, cos: Tensor, sin: Tensor, w: tuple, cfg: tuple) -> tuple[Tensor, Tensor, Tensor]:
-    """Layer part 1: norm, fused q/k/v projection (+ LoRA), q/k norms (Qwen3), RoPE.
-    Returns q [B, T, Hq, D] and k, v transposed for the cache [B, Hkv, T, D]."""
-    ln1, qkv_w, qkv_b, lora_a, lora_b, q_norm, k_norm = w
-    n_heads, n_kv, d, eps = cfg
-    b, t, _ = x.shape
+def qkv_projection(x: Tensor, delta: Tensor | None, w: tuple, eps: float) -> tuple[Tensor, Tensor]:
+    """Layer part 1: ``x + delta`` (the previous layer's MLP output; None for the first layer), norm,
+    fused q/k/v projection (+ LoRA). Returns the residual stream and qkv [B, T, (Hq + 2 Hkv) D]."""
+    ln1, qkv_w, qkv_b, lora_a, lora_b = w[:5]
+    if delta is not None:
+        x = x + delta
     h = _rms(x, ln1, eps)
     qkv = F.linear(h, qkv_w, qkv_b)
     if lora_a is not None:  # q/k/v adapters as one A (stacked) and one block-diagonal B, scale folded in
         qkv = qkv + F.linear(F.linear(h.float(), lora_a), lora_b).to(qkv.dtype)
+    return x, qkv
+
+
+def heads(qkv: Tensor, cos: Tensor, sin: Tensor, w: tuple, cfg: tuple) -> tuple[Tensor, Tensor, Tensor]:
+    """q [B, T, Hq, D] and k, v transposed for the cache [B, Hkv, T, D] from the fused projection, with
+    Qwen3's q/k norms and RoPE (``cos``/``sin`` [B, T, 1, D])."""
+    q_norm, k_norm = w[5:]
+    n_heads, n_kv, d, eps = cfg
+    b, t, _ = qkv.shape
     q, k, v = qkv.split([n_heads * d, n_kv * d, n_kv * d], dim=-1)
     q, k, v = q.view(b, t, n_heads, d), k.view(b, t, n_kv, d), v.view(b, t, n_kv, d)
     if q_norm is not None:
@@ -62,11 +80,10 @@ def project_qkv(x: Tensor, cos: Tensor, sin: Tensor, w: tuple, cfg: tuple) -> tu
     return _rope(q, cos, sin), _rope(k, cos, sin).transpose(1, 2), v.transpose(1, 2)
 
 
-def attend_and_mlp(x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, w: tuple, cfg: tuple) -> Tensor:
-    """Layer part 2: grouped-query attention over the cache k, v [B, Hkv, L, D] where ``mask`` [B, T, L]
-    allows, output projection (+ LoRA), residual, norm, SwiGLU MLP, residual."""
-    o_w, o_b, lora_a, lora_b, ln2, gate_w, up_w, down_w = w
-    n_heads, n_kv, d, eps = cfg
+def attend(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, cfg: tuple) -> Tensor:
+    """Grouped-query attention of q [B, T, Hq, D] over k, v [B, Hkv, L, D] where ``mask`` [B, T, L]
+    allows: [B, T, Hq * D]."""
+    n_heads, n_kv, d, _ = cfg
     b, t = q.shape[:2]
     g = n_heads // n_kv
     # query head h reads kv head h // g (HF's repeat_kv): group the heads instead of copying k/v
@@ -76,18 +93,42 @@ def attend_and_mlp(x: Tensor, q: Tensor, k: Tensor, v: Tensor, mask: Tensor, w: 
     # a large finite negative, not -inf: a row with nothing to attend to (a left pad) stays finite
     scores = scores.masked_fill(~mask[:, None, None], torch.finfo(torch.float32).min)
     probs = scores.softmax(-1).to(v.dtype).view(b, n_kv, g * t, -1)
-    a = torch.matmul(probs, v).view(b, n_kv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, n_heads * d)
+    return torch.matmul(probs, v).view(b, n_kv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, n_heads * d)
+
+
+def torch_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, valid: Tensor,
+                           cursor: Tensor, length: int, w: tuple, cfg: tuple) -> Tensor:
+    """One decode step's attention in PyTorch, the reference of grpo.kernels.decode_attention: each
+    slot's new key and value go into the cache at its ``cursor``, then it attends over the cache up to
+    ``length`` where ``valid`` [S, L] allows. ``cos``/``sin`` [S, 1, D]."""
+    q, k, v = heads(qkv, cos[:, :, None], sin[:, :, None], w, cfg)
+    at = cursor[:, None, None, None].expand(-1, k.shape[1], 1, k.shape[-1])
+    k_cache.scatter_(2, at, k)
+    v_cache.scatter_(2, at, v)
+    return attend(q, k_cache[:, :, :length], v_cache[:, :, :length], valid[:, None, :length], cfg)
+
+
+def output_and_mlp(x: Tensor, a: Tensor, w: tuple, eps: float) -> tuple[Tensor, Tensor]:
+    """Layer part 2: output projection of the attention ``a`` (+ LoRA), residual, norm and the SwiGLU MLP.
+    Returns the residual stream and the MLP's output, which the next ``qkv_projection`` adds."""
+    o_w, o_b, lora_a, lora_b, ln2, gate_up, down_w = w
     o = F.linear(a, o_w, o_b)
     if lora_a is not None:
         o = o + F.linear(F.linear(a.float(), lora_a), lora_b).to(o.dtype)
     x = x + o
     h = _rms(x, ln2, eps)
-    return x + F.linear(F.silu(F.linear(h, gate_w)) * F.linear(h, up_w), down_w)
+    if len(gate_up) == 1:  # gate and up concatenated: one matmul
+        gate, up = F.linear(h, gate_up[0]).chunk(2, dim=-1)
+    else:
+        gate, up = F.linear(h, gate_up[0]), F.linear(h, gate_up[1])
+    return x, F.linear(F.silu(gate) * up, down_w)
+
 
 @torch.no_grad()
 def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, merge: bool) -> tuple[tuple, tuple]:
-    """The weight tuples of ``project_qkv`` and ``attend_and_mlp`` for one decoder layer, built from its
-    live modules (``quantised``: ids of the 4-bit linear layers; ``merge``: fold LoRA in)."""
+    """The weight tuples of ``qkv_projection`` (with ``heads``' norms) and ``output_and_mlp`` for one
+    decoder layer, built from its live modules (``quantised``: ids of the 4-bit linear layers;
+    ``merge``: fold LoRA in)."""
     at, mlp = layer.self_attn, layer.mlp
     qkv = [at.q_proj, at.k_proj, at.v_proj]
 
@@ -109,9 +150,12 @@ def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, 
     k_norm = getattr(at, "k_norm", None)
     part1 = (layer.input_layernorm.weight, qkv_w, qkv_b, *qkv_lora,
              None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight)
+    # the MLP has no unmerged LoRA path: its adapters are always folded in
+    gate_up = (mlp.gate_proj, mlp.up_proj)
+    copied = any(id(_base(m)) in quantised or _lora_on(m) for m in gate_up)
+    gate_up_w = (torch.cat([merged(m) for m in gate_up]),) if copied else tuple(merged(m) for m in gate_up)
     part2 = (dense(at.o_proj), _bias(at.o_proj, dt), *o_lora, layer.post_attention_layernorm.weight,
-             # the MLP has no unmerged LoRA path: its adapters are always folded in
-             merged(mlp.gate_proj), merged(mlp.up_proj), merged(mlp.down_proj))
+             gate_up_w, merged(mlp.down_proj))
     return part1, part2
 
 

@@ -1,7 +1,9 @@
 """Continuous batching in the static decoder (grpo.rollout.static_decode with grpo.rollout.slots) against
 HF ``generate`` on the tiny fp32 model (CPU, the eager decode step): fewer slots than rows, prompts of
 mixed lengths, rows that stop at different steps (by stop id and by per-row limits), tiny cache buckets
-and frequent syncs, so slots are refilled mid-run and the length bucket moves both ways."""
+and frequent syncs, so slots are refilled mid-run and the length bucket moves both ways. Rerun under
+Triton's interpreter with the decode-attention kernel a GPU uses, which reads each slot's cache up to
+its own cursor (a refilled slot's stale entries must stay masked)."""
 from __future__ import annotations
 
 import pytest
@@ -13,10 +15,15 @@ from grpo.rollout.base import SamplingParams
 from grpo.rollout.native import NativeEngine
 from grpo.rollout.slots import SlotSchedule
 from grpo.rollout.static_decode import StaticDecoder
+from tests.kernels.interpreter import run_under_interpreter
 
 QUESTIONS = ["2 + 2?", "What is 15 + 27?", "Natalia sold clips to 48 of her friends in April. How many?",
              "7 * 8?", "What is 3 + 4? Then add 5 and tell me the result.", "1 + 1 = ?"]
 MAX_NEW = 14
+
+
+def test_every_test_again_with_the_triton_attention():
+    run_under_interpreter(__file__, passed=7)
 
 
 @pytest.fixture(scope="module")

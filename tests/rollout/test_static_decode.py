@@ -2,10 +2,14 @@
 
 Runs on CPU: the same decode step that a GPU captures as a CUDA graph runs eagerly here (graph capture
 needs CUDA; the bench checks the captured path against ``generate`` on the H200, bench/gpu_bench.py).
+The module runs twice: with the PyTorch attention a CPU uses, and under Triton's interpreter with the
+Triton decode-attention kernel a GPU uses (``test_every_test_again_with_the_triton_attention``).
 """
 from __future__ import annotations
 
 import copy
+import importlib.util
+import os
 
 import pytest
 import torch
@@ -17,9 +21,19 @@ from grpo.prompts import PromptStyle, build_prompt
 from grpo.rollout.base import SamplingParams
 from grpo.rollout.native import NativeEngine
 from grpo.rollout.static_decode import StaticDecoder
+from tests.kernels.interpreter import run_under_interpreter
 
 QUESTIONS = ["What is 15 + 27?", "Natalia sold clips to 48 of her friends in April. How many?", "2 + 2?"]
 MAX_NEW = 10
+
+
+def test_every_test_again_with_the_triton_attention():
+    run_under_interpreter(__file__, passed=12)
+
+
+def test_the_attention_is_triton_exactly_where_triton_runs(model):
+    interpreting = os.environ.get("TRITON_INTERPRET") == "1"
+    assert StaticDecoder(model).fused == (interpreting and importlib.util.find_spec("triton") is not None)
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +142,24 @@ def test_sampling_is_seeded_and_respects_top_k(tiny_model_dir, tokenizer, prompt
                 logits = model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1:-1]
             top5 = logits.topk(5, -1).indices
             assert all(t in row for t, row in zip(ids, top5.tolist()))
+
+
+def test_qwen3_query_and_key_norms(tmp_path, tokenizer, prompts):
+    """Qwen3's per-head q/k RMSNorm (before RoPE) and its head_dim apart from hidden / heads."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    cfg = Qwen3Config(vocab_size=len(tokenizer), hidden_size=96, intermediate_size=192, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                      tie_word_embeddings=False)
+    model = Qwen3ForCausalLM(cfg).eval()
+    for layer in model.model.layers:  # norms away from 1, so that a missing norm changes the tokens
+        for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+            torch.nn.init.uniform_(norm.weight, 0.2, 3.0)
+    model = _with_lora(model)
+    params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    assert _ids(NativeEngine(model, tokenizer, batch_size=3, backend="static"), prompts, params) == hf
 
 
 def test_decoder_buckets_cover_the_cache(tiny_model_dir, tokenizer, prompts):

@@ -1,0 +1,152 @@
+"""One decode step's attention for one layer as a single Triton kernel: RoPE (and Qwen3's q/k norms) on
+the step's fused q/k/v projection, the new key and value written into the static KV cache at each
+slot's cursor, and grouped-query attention over that slot's cache, with an online softmax.
+
+Why: in the static decoder (grpo/rollout/static_decode.py) the same work in PyTorch is about ten kernels
+a layer (RoPE, two cache scatters, head permutes, two batched matmuls, the masked softmax), each moving
+a few kilobytes, and at the R1-Distill-1.5B shape a decode step was bound by the ~600 kernels it ran one
+after another, not by the ~3 GB of weights it must read (bench/RESULTS.md). Each program here handles
+one (slot, kv head): it reads only its slot's cache up to the slot's own cursor, so the step no longer
+depends on a cache-length bucket and one captured graph serves a whole generate call.
+
+The PyTorch reference is ``torch_decode_attention`` in grpo/rollout/static_layers.py (the path a CPU
+runs); tests/kernels/test_decode_attention.py compares the two, and the static decoder's tests compare
+the whole decoder with HF ``generate`` under Triton's interpreter.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # CPU-only installs without triton: the PyTorch reference is used
+    triton = None
+
+BLOCK_L = 64  # cache positions per iteration: [BLOCK_L, head_dim] keys and values in registers
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def layout_supported(head_dim: int, group: int) -> bool:
+    """Whether the kernel handles this head layout (``group``: query heads per key/value head)."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and group <= 64
+
+
+def fused_supported(device: torch.device, head_dim: int, group: int) -> bool:
+    """Whether the kernel can run here (a GPU or Triton's interpreter) for this head layout."""
+    on_device = device.type == "cuda" or _interpreting()
+    return triton is not None and on_device and layout_supported(head_dim, group)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _decode_attention_kernel(
+            qkv_ptr, qkv_stride, cos_ptr, sin_ptr, cs_stride, qn_ptr, kn_ptr, eps,
+            kc_ptr, vc_ptr, c_stride_s, c_stride_h, c_stride_l, valid_ptr, valid_stride, cursor_ptr,
+            out_ptr, out_stride, scale,
+            HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+            BLOCK: tl.constexpr, HAS_NORM: tl.constexpr, DOT_FP32: tl.constexpr):
+        slot = tl.program_id(0)
+        head = tl.program_id(1)
+        d = tl.arange(0, D)
+        # rotate_half(x)[d] = -x[d + D/2] for the first half, x[d - D/2] for the second
+        rot = (d + D // 2) % D
+        sign = tl.where(d < D // 2, -1.0, 1.0)
+        cos = tl.load(cos_ptr + slot * cs_stride + d).to(tl.float32)
+        sin = tl.load(sin_ptr + slot * cs_stride + d).to(tl.float32)
+        row = qkv_ptr + slot.to(tl.int64) * qkv_stride
+        dtype = kc_ptr.dtype.element_ty
+
+        # the new key (normed, rotated) and value go into the cache at the slot's cursor
+        k_at = row + (HQ + head) * D
+        k = tl.load(k_at + d)[None, :].to(tl.float32)
+        k_rot = tl.load(k_at + rot)[None, :].to(tl.float32)
+        if HAS_NORM:
+            kw = tl.load(kn_ptr + d).to(tl.float32)
+            kw_rot = tl.load(kn_ptr + rot).to(tl.float32)
+            inv = tl.rsqrt(tl.sum(k * k, axis=1) / D + eps)[:, None]
+            k, k_rot = k * inv * kw[None, :], k_rot * inv * kw_rot[None, :]
+        k = k * cos[None, :] + k_rot * sign[None, :] * sin[None, :]
+        v = tl.load(row + (HQ + HKV + head) * D + d)
+        cursor = tl.load(cursor_ptr + slot)
+        cache_row = slot.to(tl.int64) * c_stride_s + head * c_stride_h
+        tl.store(kc_ptr + cache_row + cursor * c_stride_l + d[None, :], k.to(dtype))
+        tl.store(vc_ptr + cache_row + cursor * c_stride_l + d, v.to(dtype))
+        tl.debug_barrier()  # the block's loads below must see the key and value just stored
+
+        # this kv head's G query heads (padded to GP rows for the matmul), rotated like the key
+        g = tl.arange(0, GP)
+        q_at = row + (head * G + g)[:, None] * D
+        q = tl.load(q_at + d[None, :], mask=g[:, None] < G, other=0.0).to(tl.float32)
+        q_rot = tl.load(q_at + rot[None, :], mask=g[:, None] < G, other=0.0).to(tl.float32)
+        if HAS_NORM:
+            qw = tl.load(qn_ptr + d).to(tl.float32)
+            qw_rot = tl.load(qn_ptr + rot).to(tl.float32)
+            inv = tl.rsqrt(tl.sum(q * q, axis=1) / D + eps)[:, None]
+            q, q_rot = q * inv * qw[None, :], q_rot * inv * qw_rot[None, :]
+        q = (q * cos[None, :] + q_rot * sign[None, :] * sin[None, :]).to(dtype)
+
+        m = tl.full([GP], float("-inf"), tl.float32)
+        total = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        for start in range(0, cursor + 1, BLOCK):  # every valid entry of a slot sits at or before its cursor
+            pos = start + tl.arange(0, BLOCK)
+            inside = pos <= cursor
+            ok = tl.load(valid_ptr + slot * valid_stride + pos, mask=inside, other=0) != 0
+            at = kc_ptr + cache_row + pos[:, None] * c_stride_l + d[None, :]
+            keys = tl.load(at, mask=inside[:, None], other=0.0)
+            if DOT_FP32:
+                s = tl.dot(q.to(tl.float32), tl.trans(keys.to(tl.float32)), input_precision="ieee")
+            else:
+                s = tl.dot(q, tl.trans(keys))
+            s = tl.where(ok[None, :], s * scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # no entry yet: nothing to rescale
+            p = tl.exp(s - m_safe[:, None])
+            alpha = tl.exp(m - m_safe)
+            values = tl.load(vc_ptr + cache_row + pos[:, None] * c_stride_l + d[None, :], mask=inside[:, None],
+                             other=0.0)
+            if DOT_FP32:
+                pv = tl.dot(p.to(dtype).to(tl.float32), values.to(tl.float32), input_precision="ieee")
+            else:
+                pv = tl.dot(p.to(dtype), values)
+            acc = acc * alpha[:, None] + pv
+            total = total * alpha + tl.sum(p, axis=1)
+            m = m_new
+        out = acc / total[:, None]
+        tl.store(out_ptr + slot.to(tl.int64) * out_stride + (head * G + g)[:, None] * D + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=g[:, None] < G)
+
+
+def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, valid: Tensor,
+                     cursor: Tensor, *, n_heads: int, q_norm: Tensor | None, k_norm: Tensor | None,
+                     eps: float) -> Tensor:
+    """Attention output [S, n_heads * D] of one decode step for every slot.
+
+    ``qkv`` [S, 1, (n_heads + 2 n_kv) D]: the step's q/k/v projection (q heads, then k, then v, as
+    ``project_qkv`` splits it); ``cos``/``sin`` [S, 1, D] at each slot's position; ``k_cache``/``v_cache``
+    [S, n_kv, L, D]; ``valid`` [S, L] which cache entries count (the cursor's already set); ``cursor`` [S]
+    where each slot's new key and value go (written here, in place). ``q_norm``/``k_norm``: Qwen3's
+    per-head RMSNorm weights, or None."""
+    slots, n_kv, _, d = k_cache.shape
+    group = n_heads // n_kv
+    qkv = qkv.reshape(slots, -1)
+    cos, sin = cos.reshape(slots, d), sin.reshape(slots, d)
+    out = torch.empty(slots, n_heads * d, dtype=qkv.dtype, device=qkv.device)
+    has_norm = q_norm is not None
+    _decode_attention_kernel[(slots, n_kv)](
+        qkv, qkv.stride(0), cos, sin, cos.stride(0), q_norm if has_norm else cos, k_norm if has_norm else cos, eps,
+        k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), valid.view(torch.uint8),
+        valid.stride(0), cursor, out, out.stride(0), d ** -0.5,
+        HQ=n_heads, HKV=n_kv, G=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK=BLOCK_L,
+        # fp32 caches get exact (not TF32) products; so does every dtype under Triton's interpreter, whose bf16
+        # tl.dot returns garbage (Triton 3.9: numpy has no bf16), the only place the kernel's code differs
+        HAS_NORM=has_norm, DOT_FP32=k_cache.dtype == torch.float32 or _interpreting())
+    return out

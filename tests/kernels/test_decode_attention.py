@@ -1,0 +1,70 @@
+"""The fused decode-attention kernel (grpo/kernels/decode_attention.py) against the PyTorch decode step
+it replaces (``torch_decode_attention``): the cache it writes and the attention it returns, for slots at
+different cursors, cache entries masked out (left pads, a refilled slot's stale row), a query group that
+is not a power of two, Qwen3's q/k norms, fp32 and bf16.
+
+On a GPU it runs compiled; on CPU under Triton's interpreter, in a subprocess (tests/kernels/interpreter.py).
+The whole static decoder with this kernel is checked against HF ``generate`` by
+tests/rollout/test_static_decode.py, which also reruns under the interpreter.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from grpo.rollout.static_layers import torch_decode_attention
+from tests.kernels.interpreter import kernel_device, run_under_interpreter
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+
+def test_kernel_under_interpreter():
+    run_under_interpreter(__file__, passed=4)
+
+
+def _case(device: str, dtype: torch.dtype, n_heads: int, n_kv: int, d: int, norms: bool, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    slots, cache_len = 4, 80  # 80 > BLOCK_L: a slot's cache spans two blocks, the second partial
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    qkv = randn(slots, 1, (n_heads + 2 * n_kv) * d)
+    angle = torch.rand(slots, 1, d // 2, generator=gen) * 6
+    cos = torch.cat([angle.cos()] * 2, -1).to(device=device, dtype=dtype)
+    sin = torch.cat([angle.sin()] * 2, -1).to(device=device, dtype=dtype)
+    k_cache, v_cache = randn(slots, n_kv, cache_len, d), randn(slots, n_kv, cache_len, d)
+    cursor = torch.tensor([0, 5, 70, 79], device=device)
+    valid = torch.zeros(slots, cache_len, dtype=torch.bool)
+    for s, c in enumerate(cursor.tolist()):
+        valid[s, : c + 1] = True
+    valid[1, :3] = False  # left pads
+    valid[2, 10:40] = False  # a hole
+    valid = valid.to(device)
+    w1 = (None,) * 5 + ((randn(d) + 1, randn(d) + 1) if norms else (None, None))
+    return qkv, cos, sin, k_cache, v_cache, valid, cursor, w1
+
+
+@pytest.mark.parametrize("dtype,n_heads,n_kv,d,norms", [
+    (torch.float32, 2, 1, 64, False),  # the tiny test model's layout
+    (torch.float32, 6, 2, 32, True),   # a group of 3, Qwen3's norms
+    (torch.bfloat16, 12, 2, 128, False),  # the R1-Distill-1.5B layout
+    (torch.bfloat16, 4, 4, 64, True),  # no grouping
+])
+def test_matches_the_pytorch_decode_step(dtype, n_heads, n_kv, d, norms):
+    from grpo.kernels.decode_attention import decode_attention
+
+    device = kernel_device()
+    qkv, cos, sin, k_cache, v_cache, valid, cursor, w1 = _case(device, dtype, n_heads, n_kv, d, norms)
+    eps = 1e-6
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    ref = torch_decode_attention(qkv, cos, sin, ref_k, ref_v, valid, cursor, k_cache.shape[2], w1,
+                                 (n_heads, n_kv, d, eps))
+    out = decode_attention(qkv, cos, sin, k_cache, v_cache, valid, cursor, n_heads=n_heads, q_norm=w1[5],
+                           k_norm=w1[6], eps=eps)
+    assert out.shape == (4, n_heads * d) and out.dtype == dtype
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    # the written keys: the kernel rotates in fp32 and rounds once, the reference rounds each bf16 op
+    torch.testing.assert_close(k_cache, ref_k, **tol)
+    assert torch.equal(v_cache, ref_v)
+    torch.testing.assert_close(out, ref[:, 0], **tol)
