@@ -2,7 +2,7 @@
 does not depend on the values), nf4 base + LoRA r16 on q/k/v/o merged, 128-token prompts, forced new
 tokens (no stop ids), sampling at temperature 1 (issue 18).
 
-    python3 bench/decode_speed.py [--label new] [--profile]
+    python3 bench/decode_speed.py [--label new] [--profile] [--compile-mode max-autotune-no-cudagraphs]
     GRPO_TREE=/path/to/old/tree python3 bench/decode_speed.py --label old   # the baseline, same call
 
 For batch 16 and 64 it times whole generate calls (graph capture, prefill and compile warm-up excluded
@@ -10,7 +10,9 @@ by a first, untimed call of each shape) of 256 and 768 new tokens: whole-call to
 time, and one decode step's time from the difference of the two (512 steps). ``--profile`` adds a kernel
 table of one 64-row, 128-token call from torch.profiler (CUPTI records the kernels a graph replay runs):
 kernels per decode step, their summed time per step and the top kernels. Writes
-$OUT/decode_speed_<label>.json (default bench/results/).
+$OUT/decode_speed_<label>.json (default bench/results/). ``--compile-mode`` recompiles the decoder's layer
+parts in another torch.compile mode (an experiment: max-autotune lets inductor time Triton matmul templates
+against cuBLAS for the skinny decode matmuls).
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="new")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--compile-mode", default=None)
     args = parser.parse_args()
     from grpo.rollout.static_decode import StaticDecoder
 
@@ -64,6 +67,12 @@ def main() -> None:
     policy = add_lora(load_base("nf4"))
     decoder = StaticDecoder(policy, merge_lora=True)
     res["fused_attention"] = getattr(decoder, "fused", False)
+    if args.compile_mode:
+        from grpo.rollout.static_layers import output_and_mlp, qkv_projection
+
+        res["compile_mode"] = args.compile_mode
+        decoder._part1 = torch.compile(qkv_projection, dynamic=False, mode=args.compile_mode)
+        decoder._part2 = torch.compile(output_and_mlp, dynamic=False, mode=args.compile_mode)
     for batch in (16, 64):
         runs = {}
         for new in (256, 768):
