@@ -1,0 +1,117 @@
+"""Where a training micro-batch's time goes at the 8 GB preset's shape (issue 18): R1-Distill-Qwen-1.5B shape
+with random weights (bench/r1_model.py), nf4 + LoRA r16 on q/k/v/o, the preset's train params, one
+micro-batch of ``--seqs`` sequences of 128 prompt + 768 response tokens, forward (log-probs and entropy by
+the step's own backend) + GRPO loss + backward, as ``policy_updates`` runs it.
+
+    python3 bench/train_profile.py [--seqs 16] [--variants nf4,dense,nockpt]
+
+Variants: ``nf4`` as shipped; ``dense`` inside ``dense_for_training`` (the ``train.dense_training`` knob);
+``nockpt`` without gradient checkpointing. For each: the median wall time of three runs after two warm-ups,
+then one run under torch.profiler: the device's summed kernel time (busy) against the wall time, the
+launch count, the top kernels and the top host operators by self time. No memory cap: this is about time.
+Writes $OUT/train_profile.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.gpu_bench import MODEL_DIR, OUT, PROMPT, V, preset_params, timed  # noqa: E402
+from bench.r1_model import build_model_dir, gsm8k_rows  # noqa: E402
+
+RESPONSE = 768
+
+
+def build_trainer():
+    from grpo.prompts import PromptStyle
+    from grpo.train.loop import TrainPaths, Trainer
+    from grpo.train.parts import build_parts
+
+    params = preset_params("triton")
+    tmp = Path("/tmp/bench_train_profile")
+    paths = TrainPaths(build_model_dir(MODEL_DIR), tmp / "ckpt", tmp / "final", tmp / "metrics", tmp / "summary.json")
+    rows = [{"id": f"q{i}", "source": "bench", "question": row["question"], "answer": "7", "answer_type": "integer",
+             "meta": {}} for i, row in enumerate(gsm8k_rows()[:64])]
+    style = PromptStyle("r1", system_prompt="")
+    parts = build_parts(params, style, paths.base_model, paths.live, paths.measured, [r["id"] for r in rows], None)
+    return Trainer(params, style, paths, rows, [], parts, "bench")
+
+
+def micro_batch(trainer, seqs: int):
+    from grpo.algo.objective import grpo_loss
+    from grpo.rollout.base import Completion
+    from grpo.train.step import build_batch, token_logprobs
+
+    ctx = trainer.ctx
+    gen = torch.Generator().manual_seed(0)
+    comps = [Completion(torch.randint(100, 150000, (PROMPT,), generator=gen).tolist(),
+                        torch.randint(100, 150000, (RESPONSE,), generator=gen).tolist(), "", "length")
+             for _ in range(seqs)]
+    batch = build_batch(comps, V - 2).to(ctx.parts.device)
+    adv = torch.randn(seqs, device=ctx.parts.device)
+
+    def run():
+        lp, ent = token_logprobs(ctx, batch, entropy=True)
+        out = grpo_loss(lp, None, adv, batch.response_mask, loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28,
+                        delta=None, beta=0.0, ref_logprobs=None, max_completion_length=RESPONSE,
+                        num_items_in_batch=float(batch.response_mask.sum()), entropy_keep_mask=None)
+        out.loss.backward()
+        ctx.parts.optimizer.zero_grad(set_to_none=True)
+
+    return run
+
+
+def profile_one(run) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        _, wall = timed(run)
+    kernels, host = [], []
+    for e in prof.key_averages():
+        device_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if e.device_type == torch.autograd.DeviceType.CUDA and device_us:
+            kernels.append((e.key, e.count, device_us))
+        elif e.self_cpu_time_total:
+            host.append((e.key, e.count, e.self_cpu_time_total))
+    kernels.sort(key=lambda r: -r[2])
+    host.sort(key=lambda r: -r[2])
+    return {"wall_s": round(wall, 3), "kernel_s": round(sum(k[2] for k in kernels) / 1e6, 3),
+            "launches": sum(k[1] for k in kernels),
+            "top_kernels": [[k[:80], c, round(us / 1000, 1)] for k, c, us in kernels[:15]],
+            "top_host_ops_ms": [[k[:60], c, round(us / 1000, 1)] for k, c, us in host[:15]]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seqs", type=int, default=16)
+    parser.add_argument("--variants", default="nf4,dense,nockpt")
+    args = parser.parse_args()
+    from grpo.model.dequant import dense_for_training
+
+    trainer = build_trainer()
+    model = trainer.model
+    model.train()
+    run = micro_batch(trainer, args.seqs)
+    res: dict = {"gpu": torch.cuda.get_device_name(0), "seqs": args.seqs, "tokens": PROMPT + RESPONSE}
+    for variant in args.variants.split(","):
+        if variant == "nockpt":
+            model.gradient_checkpointing_disable()
+        with dense_for_training(model, variant == "dense"):
+            for _ in range(2):
+                run()
+            times = [timed(run)[1] for _ in range(3)]
+            entry = {"median_s": round(statistics.median(times), 3), **profile_one(run)}
+        res[variant] = entry
+        print(variant, json.dumps(entry, indent=1), flush=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "train_profile.json").write_text(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
