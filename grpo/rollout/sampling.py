@@ -92,18 +92,17 @@ def warp(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor
 
 
 def keyed_scores(logits: Tensor, keys: Tensor, positions: Tensor, *, temperature: float, top_k: int = 0,
-                 top_p: float = 1.0, noise=gumbel_noise) -> Tensor:
-    """The warped ``logits`` [B, V] plus each row's Gumbel noise: their argmax is the keyed sample.
-    ``noise`` is ``gumbel_noise`` or a compiled copy of it."""
+                 top_p: float = 1.0) -> Tensor:
+    """The warped ``logits`` [B, V] plus each row's Gumbel noise: their argmax is the keyed sample."""
     logits = logits.float()
-    return warp(logits, temperature, top_k, top_p) + noise(keys, positions, logits.shape[-1])
+    return warp(logits, temperature, top_k, top_p) + gumbel_noise(keys, positions, logits.shape[-1])
 
 
 def sample(logits: Tensor, keys: Tensor, positions: Tensor, *, temperature: float, top_k: int = 0,
-           top_p: float = 1.0, noise=gumbel_noise) -> Tensor:
+           top_p: float = 1.0) -> Tensor:
     """The next ids [B] from ``logits`` [B, V]: the argmax when ``temperature`` is 0, else the sample
-    keyed by ``keys`` [B] (``row_keys``) at response ``positions`` [B]."""
+    keyed by ``keys`` [B] (``row_keys``) at response ``positions`` [B]. The static decoder compiles it
+    whole on a GPU (one fused pass over the logits and the noise)."""
     if temperature == 0:
         return logits.argmax(-1)
-    return keyed_scores(logits, keys, positions, temperature=temperature, top_k=top_k, top_p=top_p,
-                        noise=noise).argmax(-1)
+    return keyed_scores(logits, keys, positions, temperature=temperature, top_k=top_k, top_p=top_p).argmax(-1)

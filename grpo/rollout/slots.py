@@ -14,7 +14,8 @@ decode step must read:
   its end by length is known here (``start + limit - 1``), so the host syncs exactly then too;
 - length bucket: the step writes each live slot at its cursor, at most ``width + steps since its
   prefill`` (less once it stopped), so the step attends over that bound plus one, rounded up to the
-  bucket: one CUDA graph per bucket.
+  bucket: one CUDA graph per bucket (only the PyTorch attention reads it; the Triton kernel reads each
+  slot's own cursor).
 """
 from __future__ import annotations
 
