@@ -10,9 +10,9 @@ and data, a scratch project, its own process; on a GPU the allocator capped at `
   ``grpo/optimizer``);
 - on CUDA, ``memory_snapshot.pickle`` (drag it onto pytorch.org/memory_viz) and ``memory.png``, the
   allocated memory over the run drawn offline (torch's own HTML viewer loads its script from the network);
-- ``phases.txt`` / ``phases.json``: per phase, wall time, GPU busy time (CUDA kernels launched from the
-  phase's thread; backward kernels start on autograd's thread and are not counted there) and the peak
-  memory of the training log (CUDA allocated, or on CPU the process's resident set);
+- ``phases.txt`` / ``phases.json``: per phase, wall time, GPU busy time (the time the device ran kernels or
+  copies inside the phase's window, whichever thread or CUDA graph launched them) and the peak memory of
+  the training log (CUDA allocated, or on CPU the process's resident set);
 - on CUDA, ``live_memory.json`` and a table in ``phases.txt``: what is allocated as each training step
   starts, by the code that allocated it, so memory a run keeps between steps (and memory that grows from
   step to step) has an owner.
@@ -20,6 +20,7 @@ and data, a scratch project, its own process; on a GPU the allocator capped at `
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 import pickle
@@ -131,18 +132,46 @@ def live_table(steps: list[dict[str, Any]], top: int = 12) -> list[str]:
 
 
 def phase_times(events: Any) -> dict[str, list[dict[str, float]]]:
-    """{phase: [{wall_s, gpu_s} per occurrence, in time order]} of the ``grpo/<phase>`` labels. On CUDA
-    the profiler reports each label twice, as the host range and as GPU-timeline annotations (split
-    into pieces around graph replays): only the host range counts, and its GPU time is that of the
-    kernels launched inside it (counting both doubled the GPU time in the first H200 profile)."""
+    """{phase: [{wall_s, gpu_s} per occurrence, in time order]} of the ``grpo/<phase>`` labels' host ranges.
+    On CUDA the profiler also lists each label as GPU-timeline annotations (pieces around graph replays);
+    those are not phases. GPU time is how long the device was busy (kernels and copies, their union) inside
+    the host range's window: the profiler links neither a CUDA graph replay's kernels nor backward's
+    (launched from autograd's thread) to the range, so counting the kernels it links read 0.13 s for a
+    6.6 s generate (bench/RESULTS.md)."""
     from torch.autograd import DeviceType
 
-    found: dict[str, list[tuple[float, dict[str, float]]]] = {}
+    found: dict[str, list[tuple[float, float, float]]] = {}
+    device: list[tuple[float, float]] = []
     for e in events:
         if e.device_type == DeviceType.CPU and e.name.startswith("grpo/") and e.name[5:] in PHASES:
-            found.setdefault(e.name[5:], []).append(
-                (e.time_range.start, {"wall_s": e.cpu_time_total / 1e6, "gpu_s": e.device_time_total / 1e6}))
-    return {phase: [t for _, t in sorted(items, key=lambda x: x[0])] for phase, items in found.items()}
+            found.setdefault(e.name[5:], []).append((e.time_range.start, e.time_range.end, e.cpu_time_total))
+        elif e.device_type != DeviceType.CPU and not e.name.startswith(("grpo/", "ProfilerStep")):
+            device.append((e.time_range.start, e.time_range.end))
+    busy = _union(device)
+    return {phase: [{"wall_s": cpu_us / 1e6, "gpu_s": _overlap(busy, start, end) / 1e6}
+                    for start, end, cpu_us in sorted(items)] for phase, items in found.items()}
+
+
+def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Sorted, disjoint intervals covering ``intervals`` (kernels of several streams overlap)."""
+    merged: list[list[float]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _overlap(busy: list[tuple[float, float]], start: float, end: float) -> float:
+    """How much of [start, end] the disjoint sorted ``busy`` intervals cover."""
+    first = bisect.bisect_left(busy, (start,)) - 1  # the interval that may straddle ``start``
+    total = 0.0
+    for a, b in busy[max(first, 0):]:
+        if a >= end:
+            break
+        total += max(0.0, min(b, end) - max(a, start))
+    return total
 
 
 def phase_table(events: dict[str, list[dict[str, float]]], steps: list[dict], measured_steps: int) -> list[dict]:

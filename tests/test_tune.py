@@ -133,22 +133,32 @@ def test_profile_writes_a_trace_with_labelled_phases_and_a_table(prepared_projec
     assert "phase" in printed and "trace.json.gz" in printed
 
 
-def test_phase_times_count_host_ranges_only():
+def test_phase_times_are_host_ranges_and_the_device_busy_inside_them():
     """On CUDA the profiler lists a label as its host range and again as GPU-timeline pieces; only the
-    host range is the phase. (Plain records stand in for a CUDA profile, which cannot run here.)"""
+    host range is the phase. Its GPU time is the union of the device's kernel intervals inside its
+    window, whoever launched them (graph replays and backward are not linked to the range). Plain
+    records stand in for a CUDA profile, which cannot run here; times in µs."""
     from types import SimpleNamespace
 
     from torch.autograd import DeviceType
 
     from grpo.profile import phase_times
 
-    def event(device: DeviceType, start: float, cpu_us: float, gpu_us: float) -> SimpleNamespace:
-        return SimpleNamespace(name="grpo/generate", device_type=device, time_range=SimpleNamespace(start=start),
-                               cpu_time_total=cpu_us, device_time_total=gpu_us)
+    def event(name: str, device: DeviceType, start: float, end: float) -> SimpleNamespace:
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end),
+                               cpu_time_total=end - start, device_time_total=0)
 
-    events = [event(DeviceType.CUDA, 5, 0, 2e6), event(DeviceType.CPU, 1, 3e6, 2.5e6),
-              event(DeviceType.CUDA, 6, 0, 0.5e6)]
-    assert phase_times(events) == {"generate": [{"wall_s": 3.0, "gpu_s": 2.5}]}
+    cpu, gpu = DeviceType.CPU, DeviceType.CUDA
+    events = [event("grpo/generate", cpu, 100, 1100), event("grpo/train", cpu, 2000, 2500),
+              event("grpo/generate", cpu, 3000, 3100),
+              event("grpo/generate", gpu, 100, 1100),  # the label's GPU-timeline annotation: not a kernel
+              event("replayed_kernel", gpu, 50, 400),  # straddles the window's start
+              event("other_stream", gpu, 300, 500),  # overlaps it: together 100-500 inside, 400
+              event("later", gpu, 900, 1300),  # straddles the end: 900-1100 inside, 200
+              event("backward_kernel", gpu, 2100, 2200), event("Memcpy DtoH", gpu, 2200, 2250),
+              event("between", gpu, 1500, 1600)]  # in no phase's window
+    assert phase_times(events) == {"generate": [{"wall_s": 1e-3, "gpu_s": 600e-6}, {"wall_s": 1e-4, "gpu_s": 0.0}],
+                                   "train": [{"wall_s": 5e-4, "gpu_s": 150e-6}]}
 
 
 def test_memory_png_anchors_the_history_at_what_is_allocated_at_the_end(tmp_path):
