@@ -3,10 +3,12 @@ with random weights (bench/r1_model.py), nf4 + LoRA r16 on q/k/v/o, the preset's
 micro-batch of ``--seqs`` sequences of 128 prompt + 768 response tokens, forward (log-probs and entropy by
 the step's own backend) + GRPO loss + backward, as ``policy_updates`` runs it.
 
-    python3 bench/train_profile.py [--seqs 16] [--variants nf4,dense,nockpt]
+    python3 bench/train_profile.py [--seqs 16] [--variants nf4,dense,nockpt,fused]
 
 Variants: ``nf4`` as shipped; ``dense`` inside ``dense_for_training`` (the ``train.dense_training`` knob);
-``nockpt`` without gradient checkpointing. For each: the median wall time of three runs after two warm-ups,
+``nockpt`` without gradient checkpointing; ``fused`` (an experiment, with checkpointing again) with the
+layers' elementwise work torch.compile'd (``fuse_elementwise``: RMSNorm, SwiGLU's product, LoRA's
+scale/cast/add), measured before anything is built into the project. For each: the median wall time of three runs after two warm-ups,
 then one run under torch.profiler: the device's summed kernel time (busy) against the wall time, the
 launch count, the top kernels and the top host operators by self time. No memory cap: this is about time.
 Writes $OUT/train_profile.json.
@@ -67,6 +69,36 @@ def micro_batch(trainer, seqs: int):
     return run
 
 
+def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    h = x.float()
+    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.silu(gate) * up
+
+
+def _lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
+    F = torch.nn.functional
+    return y + (F.linear(F.linear(x.float(), a), b) * scaling).to(y.dtype)
+
+
+def fuse_elementwise(model: torch.nn.Module) -> None:
+    """Route the decoder's norms, SwiGLU product and LoRA branches through torch.compile'd functions (one
+    compiled graph each, weights as inputs), the same maths op for op."""
+    from grpo.model.lora import LoRALinear
+
+    rms, swiglu, lora_add = (torch.compile(f, dynamic=True) for f in (_rms, _swiglu, _lora_add))
+    for module in model.modules():
+        name = type(module).__name__
+        if name.endswith("RMSNorm"):
+            module.forward = (lambda m: lambda x: rms(x, m.weight, m.variance_epsilon))(module)
+        elif name.endswith("MLP"):
+            module.forward = (lambda m: lambda x: m.down_proj(swiglu(m.gate_proj(x), m.up_proj(x))))(module)
+        elif isinstance(module, LoRALinear):
+            module.forward = (lambda m: lambda x: lora_add(m.base(x), x, m.lora_A, m.lora_B, m.scaling))(module)
+
+
 def profile_one(run) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -90,7 +122,7 @@ def profile_one(run) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", type=int, default=16)
-    parser.add_argument("--variants", default="nf4,dense,nockpt")
+    parser.add_argument("--variants", default="nf4,dense,nockpt,fused")
     args = parser.parse_args()
     from grpo.model.dequant import dense_for_training
 
@@ -102,6 +134,9 @@ def main() -> None:
     for variant in args.variants.split(","):
         if variant == "nockpt":
             model.gradient_checkpointing_disable()
+        if variant == "fused":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            fuse_elementwise(model)
         with dense_for_training(model, variant == "dense"):
             for _ in range(2):
                 run()
