@@ -4,8 +4,9 @@ DVC records a hash of each stage output in dvc.lock and ``dvc metrics diff`` com
 files, so both must be a function of the stage's inputs: on CPU, rerunning a stage on the same inputs
 writes the same bytes, and ``dvc.lock`` does not change. Wall-clock and memory figures differ run to
 run, so the stages write them to ``logs/`` instead: plain JSON files that git ignores and no stage
-declares, the same layout on every machine. The report reads them when they are there (a fresh clone
-that pulled its outputs has none; the report then says so).
+declares, the same layout on every machine. The report stage never reads them (its outputs would then
+depend on them): ``grpo/report/measured.py`` turns them into the untracked ``logs/report_measured.md``
+and its throughput figure, when they are there (a fresh clone that pulled its outputs has none).
 
 Convention: a measured figure's name ends in ``_s`` (seconds, or a rate per second) or starts with
 ``peak_memory_gib/``; everything else a stage computes is a result and stays in its tracked outputs.
