@@ -48,7 +48,7 @@ def one_call(model, arch: Arch, mode: str, rows: int, prompt: int, new: int) -> 
     capture = decoder._graph
 
     def watched(length: int):  # the pool after each newly captured length
-        new_length = length not in decoder._graphs
+        new_length = decoder.graph_key(length) not in decoder._graphs
         graph = capture(length)
         if new_length and cuda:
             held.append((length, round((torch.cuda.memory_allocated() - before) / GIB, 4)))

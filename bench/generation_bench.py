@@ -66,8 +66,8 @@ def timed_call(decoder: StaticDecoder, prompts: list[list[int]], limits: list[in
     capture: list[float] = []
     graph = decoder._graph
 
-    def timed_graph(length: int):  # capture happens on a length's first use: time it apart
-        if length in decoder._graphs:
+    def timed_graph(length: int):  # capture happens on a graph's first use: time it apart
+        if decoder.graph_key(length) in decoder._graphs:
             return graph(length)
         sync(decoder.device)
         start = time.perf_counter()
