@@ -39,8 +39,10 @@ def layout_supported(head_dim: int, group: int) -> bool:
 
 
 def fused_supported(device: torch.device, head_dim: int, group: int) -> bool:
-    """Whether the kernel can run here (a GPU or Triton's interpreter) for this head layout."""
-    on_device = device.type == "cuda" or _interpreting()
+    """Whether the kernel can run here for this head layout: an Ampere or newer GPU (bf16 tensor-core
+    products; older cards keep the PyTorch attention, which no test here could cover), or Triton's
+    interpreter."""
+    on_device = _interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))
     return triton is not None and on_device and layout_supported(head_dim, group)
 
 
