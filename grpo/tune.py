@@ -9,12 +9,16 @@ over two generate calls for sent and evaluate); the best value found is kept bef
 that runs out of memory (even one the engine absorbed by shrinking its batch) or fails is recorded and
 skipped, never fatal. Prints a table of every trial and the winner against the shipped settings;
 ``--write`` puts the winners into params.yaml, keeping its comments and order. Trials are cached in
-``logs/tune/<model>-<device>-<budget>.json``: a rerun with the same inputs measures nothing again.
+``logs/tune/<model>-<device>-<budget>.json``, each under its settings and what else it depends on (the
+model, prompt and stage params, the project's code and torch's version: ``trial_inputs``), so a rerun
+measures nothing again, even after ``--write``, while a changed param or an updated project re-measures.
 Needs ``models/base`` and ``data/prepared`` (``dvc repro prepare base_model``).
 """
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import shutil
 import sys
@@ -41,6 +45,26 @@ def slug(text: str) -> str:
     return "".join(c if c.isalnum() or c in "-." else "-" for c in text).strip("-").lower()
 
 
+@functools.cache
+def code_fingerprint(root: Path = Path(__file__).resolve().parent.parent) -> str:
+    """A hash of the project's code under ``root`` (grpo/ and stages/ sources) and torch's version."""
+    digest = hashlib.sha256(torch.__version__.encode())
+    for path in sorted([*root.glob("grpo/**/*.py"), *root.glob("stages/*.py")]):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def trial_inputs(raw: dict, stage: str, settings: dict[str, Any], code: str) -> str:
+    """What a trial measures besides its knob ``settings``: the model, prompt and stage sections of the
+    params (the knobs' own values left out: ``settings`` holds them) and the ``code`` fingerprint."""
+    sections = {name: dict(raw.get(name) or {}) for name in ("model", "prompt", stage)}
+    for key in settings:
+        section, _, name = key.partition(".")
+        sections.get(section, {}).pop(name, None)
+    text = json.dumps(sections, sort_keys=True, default=str) + code
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 class Tuner:
     """Plans, runs and caches the trials of one (model, device, budget)."""
 
@@ -62,7 +86,8 @@ class Tuner:
         return max((p.peak for p in phases if p.stage == name), default=0) / GIB
 
     def trial(self, stage: str, benchmark: str | None, settings: dict[str, Any]) -> Outcome:
-        key = json.dumps([stage, benchmark, settings, self.workload.__dict__], sort_keys=True)
+        inputs = trial_inputs(self.raw, stage, settings, code_fingerprint())
+        key = json.dumps([stage, benchmark, settings, self.workload.__dict__, inputs], sort_keys=True)
         plan = self.planned_peak(stage, benchmark, settings)
         if key in self.cache:
             outcome, source = Outcome(**self.cache[key]), "cached"

@@ -68,6 +68,33 @@ def test_tune_measures_skips_an_oom_trial_caches_and_writes(prepared_project):
     assert "(measured)" not in rerun and "(cached)" in rerun
 
 
+def test_a_cached_trial_is_reused_only_for_the_same_inputs(tmp_path):
+    """trial_inputs: the knobs' own values are the trial's settings, not its inputs (so a rerun after
+    --write hits the cache); another stage's section is no input; the stage's other params, the model
+    and the code are."""
+    from grpo.tune import code_fingerprint, trial_inputs
+
+    raw = {"model": {"source": "m"}, "prompt": {"style": "r1"},
+           "train": {"lr": 1e-5, "train_batch_size": 4}, "evaluate": {"batch_size": 8}}
+    settings = {"train.train_batch_size": 2}
+    base = trial_inputs(raw, "train", settings, "code")
+
+    def changed(section: str, key: str, value, code: str = "code") -> str:
+        return trial_inputs({**raw, section: {**raw[section], key: value}}, "train", settings, code)
+
+    assert changed("train", "train_batch_size", 2) == base  # written back by --write: still cached
+    assert changed("evaluate", "batch_size", 16) == base
+    assert changed("train", "lr", 1e-4) != base and changed("model", "source", "other") != base
+    assert changed("train", "lr", 1e-5, code="new code") != base
+    (tmp_path / "grpo").mkdir()
+    source = tmp_path / "grpo" / "step.py"
+    source.write_text("x = 1\n")
+    before = code_fingerprint(tmp_path)
+    code_fingerprint.cache_clear()
+    source.write_text("x = 2\n")
+    assert code_fingerprint(tmp_path) != before
+
+
 def test_tune_rejects_an_unknown_stage(prepared_project, capsys):
     assert tune_main(["--params", str(prepared_project / "params.yaml"), "--stages", "trian"]) == 2
     assert "--stages: unknown stage 'trian'" in capsys.readouterr().err
