@@ -69,11 +69,6 @@ def micro_batch(trainer, seqs: int):
     return run
 
 
-def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    h = x.float()
-    return weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-
-
 def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.silu(gate) * up
 
@@ -87,6 +82,7 @@ def fuse_elementwise(model: torch.nn.Module) -> None:
     """Route the decoder's norms, SwiGLU product and LoRA branches through torch.compile'd functions (one
     compiled graph each, weights as inputs), the same maths op for op."""
     from grpo.model.lora import LoRALinear
+    from grpo.rollout.static_layers import _rms  # HF's RMSNorm op for op, as the decoder runs it
 
     rms, swiglu, lora_add = (torch.compile(f, dynamic=True) for f in (_rms, _swiglu, _lora_add))
     for module in model.modules():

@@ -4,7 +4,7 @@ slot's cursor, and grouped-query attention over that slot's cache, with an onlin
 
 Why: in the static decoder (grpo/rollout/static_decode.py) the same work in PyTorch is about ten kernels
 a layer (RoPE, two cache scatters, head permutes, two batched matmuls, the masked softmax), each moving
-a few kilobytes, and at the R1-Distill-1.5B shape a decode step was bound by the ~600 kernels it ran one
+a few kilobytes, and at the R1-Distill-1.5B shape a decode step was bound by the ~525 kernels it ran one
 after another, not by the ~3 GB of weights it must read (bench/RESULTS.md). Each program here handles
 one (slot, kv head): it reads only its slot's cache up to the slot's own cursor, so the step no longer
 depends on a cache-length bucket and one captured graph serves a whole generate call.
@@ -133,7 +133,7 @@ def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_c
     """Attention output [S, n_heads * D] of one decode step for every slot.
 
     ``qkv`` [S, 1, (n_heads + 2 n_kv) D]: the step's q/k/v projection (q heads, then k, then v, as
-    ``project_qkv`` splits it); ``cos``/``sin`` [S, 1, D] at each slot's position; ``k_cache``/``v_cache``
+    grpo.rollout.static_layers.heads splits it); ``cos``/``sin`` [S, 1, D] at each slot's position; ``k_cache``/``v_cache``
     [S, n_kv, L, D]; ``valid`` [S, L] which cache entries count (the cursor's already set); ``cursor`` [S]
     where each slot's new key and value go (written here, in place). ``q_norm``/``k_norm``: Qwen3's
     per-head RMSNorm weights, or None."""

@@ -6,7 +6,8 @@ A layer is split where the attention goes:
 - ``qkv_projection``: the previous layer's MLP output added to the residual stream, the norm and the
   fused q/k/v projection (one kernel around one matmul once compiled);
 - attention: on a GPU one Triton kernel per layer for a decode step (grpo/kernels/decode_attention.py),
-  else ``torch_attention`` (heads, RoPE, the cache write, explicit attention), which prefill always runs;
+  else ``torch_decode_attention`` (``heads``: RoPE and norms; the cache write; ``attend``: explicit
+  attention), whose ``heads`` and ``attend`` prefill always runs;
 - ``output_and_mlp``: output projection, residual, norm, SwiGLU MLP; its output is added by the next
   layer's ``qkv_projection``, so that residual add and norm are one kernel.
 
