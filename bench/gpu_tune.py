@@ -9,12 +9,14 @@ then runs the jobs in order, each cut at the call's deadline:
   own process with its allocator capped to CAP; 8/16/24 GiB cards less a CUDA context: 7.5/15.5/23.5);
 - ``profile:CAP``: ``python -m grpo.profile --steps N --budget-gib CAP`` (N: ``--profile-steps``; trace, CUDA
   memory snapshot, phase table, live memory by owner);
-- ``steady:CAP``: bench/steady_step.py, the shipped settings and ``--winner``, each over ``--steady-steps`` steps;
+- ``steady:CAP``: bench/steady_step.py, the shipped settings and ``--winner`` (default: the winner of this
+  call's or a carried ``tune:CAP``), each over ``--steady-steps`` steps;
 - ``trl``: TRL's GRPOTrainer at the same shape (``--trl-script``, the reference bench carried in ``.gpu/``;
   needs the trl/datasets/dill/multiprocess wheels installed on the device).
-The tuner caches each finished trial; caches found in ``bench/results/gpu_tune/`` (carried in the tree)
+The tuner caches each finished trial and writes its table and winners beside the cache; caches found in ``bench/results/gpu_tune/`` (carried in the tree)
 seed the run, so a call cut by its deadline is continued by the next. Results go to $OUT/gpu_tune/, within
-the device's 8 files: the caches this call added to, runs.json, the trials' logs in trial_logs.tar.gz, the
+the device's 8 files: the caches this call added to, runs.json, the trials' logs, tables and winners in
+trial_logs.tar.gz, the
 profile's trace and snapshot, its table, plot and live-memory record in profile.tar.gz, and the steady and
 TRL jobs' JSON and logs in steady.tar.gz.
 Random weights: times and memory are real, answers are not.
@@ -62,11 +64,21 @@ def job_command(job: str, args: argparse.Namespace) -> tuple[list[str], dict[str
                 "--out", str(PROFILE)], {}
     if kind == "steady":  # the shipped settings and the tuner's winner, each over more steps
         return [sys.executable, str(ROOT / "bench" / "steady_step.py"), "--project", str(WORK), "--out", str(STEADY),
-                "--steps", str(args.steady_steps), "--cap-gib", cap, "--winner", args.winner], {}
+                "--steps", str(args.steady_steps), "--cap-gib", cap, "--winner", winner(args.winner, cap)], {}
     if kind == "trl":
         env = {"CAP_GIB": "8", "COMP": "768", "ACC": "4", "STEPS": "2", "OUT": str(STEADY)}
         return [sys.executable, str(Path(args.trl_script).resolve())], env
     raise SystemExit(f"--jobs: unknown job {job!r} (tune:CAP, profile:CAP, trl)")
+
+
+def winner(setting: str, cap: str) -> str:
+    """``--winner``'s JSON settings; ``tuned``: what this call's (or a carried) ``tune:CAP`` found."""
+    if setting != "tuned":
+        return setting
+    found = sorted(TUNE_CACHE.glob(f"*-{float(cap):.1f}gib.winners.json"))
+    if not found:
+        raise SystemExit(f"--winner tuned: no tune:{cap} result in {TUNE_CACHE}; run tune:{cap} first")
+    return found[-1].read_text()
 
 
 def main() -> int:
@@ -79,7 +91,8 @@ def main() -> int:
     parser.add_argument("--profile-steps", type=int, default=2,
                         help="traced steps (2: three step starts in the live-memory table)")
     parser.add_argument("--trl-script", default=".gpu/reference-bench/trl_anchor.py")
-    parser.add_argument("--winner", default='{"train.generation_batch_size": 64}', help="steady job: JSON settings")
+    parser.add_argument("--winner", default="tuned",
+                        help="steady job: JSON settings, or `tuned`: the winner of this budget's tune job")
     args = parser.parse_args()
     out = Path(os.environ.get("OUT") or ROOT / "bench" / "results") / "gpu_tune"
     start = time.perf_counter()
@@ -90,7 +103,7 @@ def main() -> int:
     print(setup.stdout[-2000:], setup.stderr[-2000:], flush=True)
     TUNE_CACHE.mkdir(parents=True, exist_ok=True)
     STEADY.mkdir(parents=True, exist_ok=True)
-    for cache in CARRIED.glob("*gib.json"):
+    for cache in [*CARRIED.glob("*gib.json"), *CARRIED.glob("*gib.winners.json")]:
         shutil.copy(cache, TUNE_CACHE / cache.name)
     runs = []
     for job in filter(None, (j.strip() for j in args.jobs.split(","))):
@@ -128,11 +141,12 @@ def save_profile_output(out: Path) -> None:
 
 def save_tuner_output(out: Path) -> None:
     """The caches this call added to (one JSON a budget) as files, every trial's log in one archive."""
-    for cache in TUNE_CACHE.glob("*.json"):
+    for cache in TUNE_CACHE.glob("*gib.json"):
         carried = CARRIED / cache.name
         if not carried.exists() or carried.read_bytes() != cache.read_bytes():
             shutil.copy(cache, out / cache.name)
-    archive(sorted(TUNE_CACHE.rglob("*.log")), out / "trial_logs.tar.gz", TUNE_CACHE)
+    small = [*TUNE_CACHE.rglob("*.log"), *TUNE_CACHE.glob("*.txt"), *TUNE_CACHE.glob("*.winners.json")]
+    archive(sorted(small), out / "trial_logs.tar.gz", TUNE_CACHE)
 
 
 if __name__ == "__main__":

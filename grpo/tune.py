@@ -8,7 +8,8 @@ of the stage on your model and data (grpo/tuning/trial.py: a warm-up step exclud
 over two generate calls for sent and evaluate); the best value found is kept before the next knob. A trial
 that runs out of memory (even one the engine absorbed by shrinking its batch) or fails is recorded and
 skipped, never fatal. Prints a table of every trial and the winner against the shipped settings;
-``--write`` puts the winners into params.yaml, keeping its comments and order. Trials are cached in
+``--write`` puts the winners into params.yaml, keeping its comments and order (they are also written
+beside the cache as ``<cache>.winners.json``, and the table as ``<cache>.txt``). Trials are cached in
 ``logs/tune/<model>-<device>-<budget>.json``, each under its settings and what else it depends on (the
 model, prompt and stage params, the project's code and torch's version: ``trial_inputs``), so a rerun
 measures nothing again, even after ``--write``, while a changed param or an updated project re-measures.
@@ -205,6 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     lines = table(tuner.rows, tuner.params) + ["", "winner:"] + ["  " + s for s in summary]
     print("\n" + "\n".join(lines))
     atomic_write_text(cache.with_suffix(".txt"), "\n".join(lines) + "\n")
+    atomic_write_json(cache.with_suffix(".winners.json"), winners)  # for scripts: what --write would change
     if args.write:
         for change in update_params(args.params, winners) or ["nothing to change: the shipped settings won"]:
             print(f"params: {change}")

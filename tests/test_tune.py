@@ -34,7 +34,7 @@ def test_tune_measures_skips_an_oom_trial_caches_and_writes(prepared_project):
     before = params.read_text()
     out = run("python -m grpo.tune --budget-gib 8 --stages train,evaluate --steps 1 --write", prepared_project,
               GRPO_FAULT_OOM="train:size>2").stdout
-    cache = next((prepared_project / "logs" / "tune").glob("*.json"))
+    cache = next((prepared_project / "logs" / "tune").glob("*gib.json"))
     trials = list(json.loads(cache.read_text()).items())
     by_settings = {(json.loads(k)[0], json.dumps(json.loads(k)[2], sort_keys=True)): v for k, v in trials}
     # the injected OOM: micro-batches of 4 rows fail, and that trial is recorded, not fatal
@@ -59,6 +59,11 @@ def test_tune_measures_skips_an_oom_trial_caches_and_writes(prepared_project):
     winner, shipped = by_settings[("train", settings_of(written))], by_settings[("train", settings_of(shipped_params))]
     assert winner["status"] == "ok" and winner["speed"] <= shipped["speed"]
     assert written["train"]["train_batch_size"] <= 2  # never the setting that ran out of memory
+    # the winners file beside the cache holds exactly what --write changed
+    winners = json.loads(cache.with_suffix(".winners.json").read_text())
+    changed = {f"{section}.{key}": value for section in ("train", "evaluate") for key, value in written[section].items()
+               if shipped_params[section].get(key) != value}
+    assert winners == changed
     # comments survive the edit
     assert [line for line in before.splitlines() if "#" in line][:5] == \
         [line for line in params.read_text().splitlines() if "#" in line][:5]
