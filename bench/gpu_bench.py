@@ -8,7 +8,8 @@ and memory do not depend on the values; nothing can be downloaded on the device 
 Each part writes ``$OUT/gpu_<part>.json`` (default bench/results/; bench/gpu_report.py tabulates them).
 ``step`` runs the backends named in BACKENDS (default triton,torch; one process each gives clean memory
 figures) on the 8 GB preset's train params (presets/rtx3060ti-8gb.yaml; TRAIN_MB and GEN_SEQS override
-its micro-batches; STEPS the number of steps, default 2). QUICK=1 shrinks every shape (a smoke test).
+its micro-batches; STEPS the number of steps, default 2; SDPA_CUDNN=1 puts training attention back on
+cuDNN, which the loader leaves out). QUICK=1 shrinks every shape (a smoke test).
 Run from the repository root; the device command used is in bench/RESULTS.md.
 """
 from __future__ import annotations
@@ -212,7 +213,7 @@ def run_step() -> None:
     cap = float(os.environ.get("CAP_GIB", "8"))
     total = torch.cuda.get_device_properties(0).total_memory
     torch.cuda.set_per_process_memory_fraction(cap * GIB / total)
-    res: dict = {"cap_GiB": cap, "quick": QUICK}
+    res: dict = {"cap_GiB": cap, "quick": QUICK, "sdpa_cudnn": os.environ.get("SDPA_CUDNN") == "1"}
     style = PromptStyle("r1", system_prompt="")
     rows = [{"id": f"q{i}", "source": "bench", "question": row["question"], "answer": "7",
              "answer_type": "integer", "meta": {}} for i, row in enumerate(gsm8k_rows()[:64])]
@@ -220,8 +221,11 @@ def run_step() -> None:
         step_run(backend, model_dir, style, rows, res)
         gc.collect()  # the engine <-> wrapper cycle would keep the first model alive into the next run
         torch.cuda.empty_cache()
+    res["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
     save(f"step_{os.environ.get('BACKENDS', 'triton,torch').replace(',', '_')}_preset"
-         + "".join(f"_{env.lower()}{os.environ[env]}" for env in ("TRAIN_MB", "GEN_SEQS") if env in os.environ), res)
+         + "".join(f"_{env.lower()}{os.environ[env]}" for env in ("TRAIN_MB", "GEN_SEQS") if env in os.environ)
+         + ("_expandable" if "expandable_segments:True" in res["alloc_conf"] else "")
+         + ("_cudnn" if res["sdpa_cudnn"] else ""), res)
 
 
 def step_run(backend: str, model_dir: Path, style, rows: list[dict], res: dict) -> None:
@@ -235,6 +239,8 @@ def step_run(backend: str, model_dir: Path, style, rows: list[dict], res: dict) 
     paths = TrainPaths(model_dir, tmp / "ckpt", tmp / "final", tmp / "metrics", tmp / "summary.json")
     torch.cuda.reset_peak_memory_stats()
     parts = build_parts(params, style, paths.base_model, paths.live, paths.measured, [r["id"] for r in rows], None)
+    # SDPA_CUDNN=1: training attention by cuDNN again (the loader leaves it out: grpo/model/loading.py)
+    torch.backends.cuda.enable_cudnn_sdp(res["sdpa_cudnn"])
     loaded = torch.cuda.memory_allocated()
     log(res, f"{backend}_loaded_GiB", round(loaded / GIB, 2))
     phases: dict = {}
@@ -244,6 +250,7 @@ def step_run(backend: str, model_dir: Path, style, rows: list[dict], res: dict) 
     for step in range(int(os.environ.get("STEPS", "2"))):  # step 0 also compiles (and tunes kernels): not steady
         first = step * params.prompts_per_step % len(rows)
         batch_rows = rows[first:first + params.prompts_per_step]
+        before = allocator_counts()
         (metrics, ro, _), seconds = timed(lambda: grpo_step(trainer.ctx, batch_rows, step))
         entry = {"s": round(seconds, 2), "generate_s": round(metrics["time_generate_s"], 2),
                  "train_s": round(metrics.get("time_train_s", 0.0), 2),
@@ -252,12 +259,21 @@ def step_run(backend: str, model_dir: Path, style, rows: list[dict], res: dict) 
                  "response_tokens": sum(len(c.token_ids) for c in ro.completions),
                  "prompt_tokens": len(ro.completions[0].prompt_ids),
                  "oom_events": {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("oom_events/")},
-                 "micro_batch": {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("micro_batch/")}}
+                 "micro_batch": {k.split("/")[1]: v for k, v in metrics.items() if k.startswith("micro_batch/")},
+                 "allocator": {k: v - before[k] for k, v in allocator_counts().items()}}
         log(res, f"{backend}_step{step}", entry)
         steps.append(entry)
     log(res, f"{backend}_steady_s_per_step", steps[-1]["s"])
     log(res, f"{backend}_microbatch_4x896", microbatch_memory(trainer, loaded))
     parts.engine.engine.close()
+
+
+def allocator_counts() -> dict[str, int]:
+    """The caching allocator's cumulative counters that cost time: cudaMalloc/cudaFree calls and the
+    retries after a failed cudaMalloc (each frees every cached block, synchronising the device)."""
+    stats = torch.cuda.memory_stats()
+    return {"alloc_retries": stats.get("num_alloc_retries", 0), "cuda_mallocs": stats.get("num_device_alloc", 0),
+            "cuda_frees": stats.get("num_device_free", 0)}
 
 
 class PeakMeasuredEngine:

@@ -171,3 +171,22 @@ def test_gradient_checkpointing_recomputes_layers_in_backward(tiny_model_dir, ch
     loss.backward()
     assert len(calls) == (2 if checkpointing else 1)  # the recompute runs the layer again
     assert all(p.grad is not None for p in lora_parameters(model))
+
+
+def test_cuda_attention_leaves_out_cudnn_and_cpu_changes_nothing(tiny_model_dir):
+    """On CUDA, SDPA is kept off cuDNN (a plan built and compiled per new sequence length; the speed is
+    measured in bench/RESULTS.md, not here); loading on the CPU leaves the switch alone. The switch is a
+    process-wide flag, which this test sets and reads without a GPU, then restores."""
+    from grpo.model.loading import prefer_prebuilt_attention
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        torch.backends.cuda.enable_cudnn_sdp(True)
+        nf4_model(tiny_model_dir)
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+        prefer_prebuilt_attention(torch.device("cuda"))
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        # the prebuilt backends stay on
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
