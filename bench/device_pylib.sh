@@ -4,6 +4,8 @@
 # .venv with their .dist-info (packages such as flatten-dict and latex2sympy2 read their own version at
 # import); compiled ones come as cp312 wheels; bitsandbytes keeps only its CUDA 13.0 and CPU libraries.
 # On the device: `export PYTHONPATH=$PWD/.pylib` (carry .pylib).
+# TRL=1 adds TRL and what it needs beyond the device image (trl, datasets, dill, multiprocess), for the
+# reference GRPOTrainer that bench/gpu_tune.py's `trl` job runs (its script is carried in .gpu/, see there).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf .pylib && mkdir .pylib
@@ -32,8 +34,14 @@ for lib in Path(".pylib/bitsandbytes").glob("libbitsandbytes_*.so"):
         lib.unlink()
 PY
 wheels=$(mktemp -d)
+pins=()
 for name in dulwich orjson; do
-    w="$name==$(.venv/bin/python -m pip show "$name" | sed -n 's/^Version: //p')"
+    pins+=("$name==$(.venv/bin/python -m pip show "$name" | sed -n 's/^Version: //p')")
+done
+# TRL 1.16 (the version of the H200 figures, beside the image's transformers 5.17); datasets 4.7, the oldest
+# it accepts, asks only for the image's pyarrow and huggingface-hub; dill and multiprocess within its pins
+[ "${TRL:-0}" = 1 ] && pins+=(trl==1.16.0 datasets==4.7.0 dill==0.4.0 multiprocess==0.70.18)
+for w in "${pins[@]}"; do
     .venv/bin/python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
         --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         -d "$wheels" "$w"
