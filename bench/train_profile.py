@@ -3,12 +3,13 @@ with random weights (bench/r1_model.py), nf4 + LoRA r16 on q/k/v/o, the preset's
 micro-batch of ``--seqs`` sequences of 128 prompt + 768 response tokens, forward (log-probs and entropy by
 the step's own backend) + GRPO loss + backward, as ``policy_updates`` runs it.
 
-    python3 bench/train_profile.py [--seqs 16] [--variants nf4,dense,nockpt,fused]
+    python3 bench/train_profile.py [--seqs 16] [--variants nf4,dense,layers,nockpt]
 
 Variants: ``nf4`` as shipped; ``dense`` inside ``dense_for_training`` (the ``train.dense_training`` knob);
-``nockpt`` without gradient checkpointing; ``fused`` (an experiment, with checkpointing again) with the
-layers' elementwise work torch.compile'd (``fuse_elementwise``: RMSNorm, SwiGLU's product, LoRA's
-scale/cast/add), measured before anything is built into the project. For each: the median wall time of three runs after two warm-ups,
+``layers`` inside ``compiled_layers`` (the ``train.compile_layers`` knob: each decoder layer one compiled
+graph); ``nockpt`` without gradient checkpointing (last: it stays off). (The ``fused`` variant of
+bench/RESULTS.md, norms, SwiGLU and LoRA compiled one function at a time, is this file at b78c11c.) For
+each: the median wall time of three runs after two warm-ups,
 then one run under torch.profiler: the device's summed kernel time (busy) against the wall time, the
 launch count, the top kernels and the top host operators by self time. No memory cap: this is about time.
 Writes $OUT/train_profile.json.
@@ -69,32 +70,6 @@ def micro_batch(trainer, seqs: int):
     return run
 
 
-def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.silu(gate) * up
-
-
-def _lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float) -> torch.Tensor:
-    F = torch.nn.functional
-    return y + (F.linear(F.linear(x.float(), a), b) * scaling).to(y.dtype)
-
-
-def fuse_elementwise(model: torch.nn.Module) -> None:
-    """Route the decoder's norms, SwiGLU product and LoRA branches through torch.compile'd functions (one
-    compiled graph each, weights as inputs), the same maths op for op."""
-    from grpo.model.lora import LoRALinear
-    from grpo.rollout.static_layers import _rms  # HF's RMSNorm op for op, as the decoder runs it
-
-    rms, swiglu, lora_add = (torch.compile(f, dynamic=True) for f in (_rms, _swiglu, _lora_add))
-    for module in model.modules():
-        name = type(module).__name__
-        if name.endswith("RMSNorm"):
-            module.forward = (lambda m: lambda x: rms(x, m.weight, m.variance_epsilon))(module)
-        elif name.endswith("MLP"):
-            module.forward = (lambda m: lambda x: m.down_proj(swiglu(m.gate_proj(x), m.up_proj(x))))(module)
-        elif isinstance(module, LoRALinear):
-            module.forward = (lambda m: lambda x: lora_add(m.base(x), x, m.lora_A, m.lora_B, m.scaling))(module)
-
-
 def profile_one(run) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
@@ -118,8 +93,9 @@ def profile_one(run) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seqs", type=int, default=16)
-    parser.add_argument("--variants", default="nf4,dense,nockpt,fused")
+    parser.add_argument("--variants", default="nf4,dense,layers,nockpt")
     args = parser.parse_args()
+    from grpo.model.compiled import compiled_layers
     from grpo.model.dequant import dense_for_training
 
     trainer = build_trainer()
@@ -130,14 +106,11 @@ def main() -> None:
     for variant in args.variants.split(","):
         if variant == "nockpt":
             model.gradient_checkpointing_disable()
-        if variant == "fused":
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            fuse_elementwise(model)
-        with dense_for_training(model, variant == "dense"):
-            for _ in range(2):
-                run()
+        with dense_for_training(model, variant == "dense"), compiled_layers(model, variant == "layers"):
+            first = timed(run)[1]  # layers: the compile
+            run()
             times = [timed(run)[1] for _ in range(3)]
-            entry = {"median_s": round(statistics.median(times), 3), **profile_one(run)}
+            entry = {"first_run_s": round(first, 2), "median_s": round(statistics.median(times), 3), **profile_one(run)}
         res[variant] = entry
         print(variant, json.dumps(entry, indent=1), flush=True)
     OUT.mkdir(parents=True, exist_ok=True)

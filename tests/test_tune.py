@@ -112,7 +112,9 @@ def test_knob_candidates_hold_the_current_value_and_stay_within_a_step():
     assert knobs["train.generation_batch_size"] == [4, 8, 16]  # half, same, double = the whole step
     assert knobs["train.train_batch_size"] == [8, 16]  # double would exceed the step's 16 sequences
     assert knobs["train.compute_dtype"] == ["float32", "bfloat16"]
-    assert "train.generation_merge_lora" not in knobs and "train.generation_merge_lora" in knob_values("train", raw, True)
+    gpu = knob_values("train", raw, True)
+    for key in ("train.generation_merge_lora", "train.compile_layers"):  # GPU knobs
+        assert key not in knobs and sorted(gpu[key]) == [False, True]
 
 
 def test_sent_engine_candidates_leave_out_what_auto_resolves_to():

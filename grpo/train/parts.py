@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
 from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +26,7 @@ from grpo.fault_injection import FaultHook
 from grpo.kernels.logprob_entropy import fused_supported, fused_token_logprobs_and_entropy
 from grpo.microbatch import AdaptiveBatchSize
 from grpo.model.adapter import LoraSettings
+from grpo.model.compiled import compiled_layers
 from grpo.model.dequant import dense_base, dense_for_training
 from grpo.model.loading import load_policy_model, load_tokenizer, resolve_device
 from grpo.model.lora import inject_lora, lora_parameters
@@ -61,7 +62,7 @@ class TrainerParts:
     rewards: dict[str, RewardFn]  # the functions of params.rewards, by name (weights stay in params)
     token_logprobs: LogprobFn
     # the weights a step's scoring and training passes run on: `with parts.training_base():` (the 4-bit
-    # kernels, or with train.dense_training a dense copy made for the step)
+    # kernels, or with train.dense_training a dense copy made for the step; compiled with compile_layers)
     training_base: Callable[[], AbstractContextManager[int]]
 
 
@@ -119,6 +120,15 @@ def choose_logprobs(params: TrainParams, model: torch.nn.Module) -> LogprobFn:
     return logprobs
 
 
+@contextmanager
+def training_base(model: torch.nn.Module, params: TrainParams) -> Iterator[int]:
+    """The weights and code a step's scoring and training passes run on: the 4-bit layers or, with
+    train.dense_training, a dense copy made for the step; with train.compile_layers, compiled layers.
+    Yields how many 4-bit layers run densely."""
+    with dense_for_training(model, params.dense_training) as switched, compiled_layers(model, params.compile_layers):
+        yield switched
+
+
 def build_parts(params: TrainParams, style: PromptStyle, base_model: Path, live: Path, measured: Path,
                 row_ids: list[str], stages: list[list[str]] | None,
                 reward_functions: Mapping[str, RewardFn] = REWARD_FUNCTIONS) -> TrainerParts:
@@ -163,4 +173,4 @@ def build_parts(params: TrainParams, style: PromptStyle, base_model: Path, live:
     return TrainerParts(tracker, device, tokenizer, model, lora, lora_params, optimizer, scheduler, sampler, schedule,
                         sizes, hook, PolicyEngine(engine, params.dense_generation),
                         {name: reward_functions[name] for name in params.rewards}, choose_logprobs(params, model),
-                        partial(dense_for_training, model, params.dense_training))
+                        partial(training_base, model, params))

@@ -97,6 +97,31 @@ def test_other_run_checkpoints_are_not_resumed(tmp_path, tiny_model_dir):
     assert len(trainer.history) == 3 and trainer.history[0]["step"] == 1
 
 
+def test_compiled_layers_take_the_eager_step_and_generation_stays_eager(tmp_path, tiny_model_dir):
+    """train.compile_layers runs the scoring pass (β > 0: the reference under lora_disabled; μ = 2: old
+    log-probs) and both updates through torch.compile'd decoder layers (real inductor on the CPU, 4-bit
+    layers, LoRA and checkpointing inside them): two steps, on the same rollouts, have the eager run's KL,
+    entropy, ratio and gradient norm, so the second step's rollouts, decoded by HF generate from the
+    updated policy outside the compiled block, are the eager run's too. Dynamo really compiled graphs, and
+    after the run every layer is back on its own forward, keeping its one compiled function."""
+    from torch._dynamo.utils import counters
+
+    from grpo.model.compiled import decoder_layers
+
+    two = {"max_steps": 2, "val_every": 10, "dense_generation": False}
+    eager = run(tmp_path, tiny_model_dir, params(**two), "eager").history
+    graphs, breaks = counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
+    trainer = run(tmp_path, tiny_model_dir, params(**two, compile_layers=True), "compiled")
+    assert counters["stats"]["unique_graphs"] > graphs and sum(counters["graph_break"].values()) == breaks
+    for step, (got, expected) in enumerate(zip(trainer.history, eager)):
+        assert got["reward_mean"] == expected["reward_mean"], step  # the same rollouts
+        for key in ("kl_mean", "grad_norm", "entropy_mean", "ratio_mean"):
+            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), (step, key)
+    layers = decoder_layers(trainer.model)
+    assert layers and all("forward" not in vars(layer) for layer in layers)
+    assert len({id(layer._compiled_forward) for layer in layers}) == len(layers)
+
+
 def test_dense_training_takes_the_4bit_step(tmp_path, tiny_model_dir):
     """train.dense_training runs the scoring pass (β > 0: the reference under lora_disabled; μ = 2: old
     log-probs) and the updates on a dense copy of the 4-bit base: the first step, on the same rollouts,
