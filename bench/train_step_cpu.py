@@ -36,6 +36,8 @@ CASES = {
     "nf4-fp32": {"quantization": "nf4", "compute_dtype": "float32"},
     "nf4-bf16-dense": {"quantization": "nf4", "compute_dtype": "bfloat16", "dense_training": True},
     "nf4-fp32-dense": {"quantization": "nf4", "compute_dtype": "float32", "dense_training": True},
+    "nf4-bf16-compiled": {"quantization": "nf4", "compute_dtype": "bfloat16", "compile_layers": True},
+    "nf4-fp32-compiled": {"quantization": "nf4", "compute_dtype": "float32", "compile_layers": True},
     "nf4-fp32-nockpt": {"quantization": "nf4", "compute_dtype": "float32", "gradient_checkpointing": False},
     "nf4-fp32-nockpt-mb16": {"quantization": "nf4", "compute_dtype": "float32", "gradient_checkpointing": False,
                              "train_batch_size": 16},
