@@ -13,12 +13,12 @@ then runs the jobs in order, each cut at the call's deadline:
   call's or a carried ``tune:CAP``), each over ``--steady-steps`` steps;
 - ``trl``: TRL's GRPOTrainer at the same shape (``--trl-script``, the reference bench carried in ``.gpu/``;
   needs the trl/datasets/dill/multiprocess wheels installed on the device).
-The tuner caches each finished trial and writes its table and winners beside the cache; caches found in ``bench/results/gpu_tune/`` (carried in the tree)
-seed the run, so a call cut by its deadline is continued by the next. Results go to $OUT/gpu_tune/, within
-the device's 8 files: the caches this call added to, runs.json, the trials' logs, tables and winners in
-trial_logs.tar.gz, the
-profile's trace and snapshot, its table, plot and live-memory record in profile.tar.gz, and the steady and
-TRL jobs' JSON and logs in steady.tar.gz.
+The tuner caches each finished trial and writes its table and winners beside the cache; caches found in
+``bench/results/gpu_tune/`` (carried in the tree) seed the run, so a call cut by its deadline is continued
+by the next (as long as the project's code is unchanged: it is part of each trial's key). Results go to
+$OUT/gpu_tune/, within the device's 8 files: the caches this call added to, runs.json, the trials' logs,
+tables and winners in trial_logs.tar.gz, the profile's trace and snapshot, its table, plot and live-memory
+record in profile.tar.gz, and the steady and TRL jobs' JSON and logs in steady.tar.gz.
 Random weights: times and memory are real, answers are not.
 """
 from __future__ import annotations

@@ -5,8 +5,8 @@ ones (norms, rotary, SwiGLU, LoRA's casts and adds), and compiling those pieces 
 lost: their kernels took 20% less time but each of ~400 calls a micro-batch paid dynamo's guard check and
 the compiled autograd wrapper on the host (bench/RESULTS.md, "Fused elementwise work in training"). One
 compiled region a layer is the other shape of that trade: the whole layer (the 4-bit de-quantisation,
-LoRA and gradient checkpointing's re-forward included) is traced as one graph with no break, so a
-micro-batch makes a few calls per layer. Whether that wins is measured, not assumed: it is a knob of
+LoRA and gradient checkpointing's re-forward included) is traced as one graph (with no break on the CPU,
+tests/train/test_trainer.py; all layers share it), so a micro-batch makes a few calls per layer. Whether that wins is measured, not assumed: it is a knob of
 ``grpo.tune`` on a GPU.
 
 Only the training passes run compiled (``compiled_layers`` around them): generation with HF ``generate``
