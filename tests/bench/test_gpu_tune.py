@@ -1,0 +1,50 @@
+"""bench/gpu_tune.py's bookkeeping around the device's limits: which tune result the steady job compares,
+and what comes back within the device's 8 files. The jobs themselves need a GPU (bench/RESULTS.md)."""
+from __future__ import annotations
+
+import json
+import tarfile
+
+import pytest
+
+from bench import gpu_tune
+
+
+@pytest.fixture
+def cache_dirs(tmp_path, monkeypatch):
+    tune, carried = tmp_path / "tune", tmp_path / "carried"
+    tune.mkdir()
+    carried.mkdir()
+    monkeypatch.setattr(gpu_tune, "TUNE_CACHE", tune)
+    monkeypatch.setattr(gpu_tune, "CARRIED", carried)
+    return tune, carried
+
+
+def test_the_steady_job_takes_this_budgets_tuned_winner(cache_dirs):
+    tune, _ = cache_dirs
+    (tune / "model-gpu-7.5gib.winners.json").write_text(json.dumps({"train.train_batch_size": 8}))
+    (tune / "model-gpu-15.5gib.winners.json").write_text(json.dumps({"train.compile_layers": True}))
+    assert json.loads(gpu_tune.winner("tuned", "7.5")) == {"train.train_batch_size": 8}
+    assert json.loads(gpu_tune.winner("tuned", "15.5")) == {"train.compile_layers": True}
+    explicit = '{"train.generation_batch_size": 32}'
+    assert gpu_tune.winner(explicit, "7.5") == explicit  # given settings pass through
+    with pytest.raises(SystemExit, match="no tune:23.5 result"):
+        gpu_tune.winner("tuned", "23.5")
+
+
+def test_tuner_output_returns_new_caches_as_files_and_the_rest_in_one_archive(cache_dirs, tmp_path):
+    tune, carried = cache_dirs
+    (carried / "model-gpu-7.5gib.json").write_text("{}")
+    (tune / "model-gpu-7.5gib.json").write_text("{}")  # as carried: nothing new to bring back
+    (tune / "model-gpu-15.5gib.json").write_text('{"k": 1}')  # measured in this call
+    (tune / "model-gpu-15.5gib.winners.json").write_text("{}")
+    (tune / "model-gpu-15.5gib.txt").write_text("table")
+    (tune / "model-gpu-15.5gib").mkdir()
+    (tune / "model-gpu-15.5gib" / "train-as-shipped.log").write_text("log")
+    out = tmp_path / "out"
+    out.mkdir()
+    gpu_tune.save_tuner_output(out)
+    assert sorted(p.name for p in out.iterdir()) == ["model-gpu-15.5gib.json", "trial_logs.tar.gz"]
+    with tarfile.open(out / "trial_logs.tar.gz") as tar:
+        assert sorted(tar.getnames()) == ["model-gpu-15.5gib.txt", "model-gpu-15.5gib.winners.json",
+                                          "model-gpu-15.5gib/train-as-shipped.log"]
