@@ -61,6 +61,10 @@ def profiled(out: Path, cuda: bool, measured_steps: int) -> Iterator[None]:
             yield
         finally:
             STEP_START_HOOKS.remove(prof.step)
+            if cuda:  # before the profiler's own processing: the history's time axis ends with the run
+                STEP_START_HOOKS.remove(live)
+                torch.cuda.memory._dump_snapshot(str(out / "memory_snapshot.pickle"))
+                torch.cuda.memory._record_memory_history(enabled=None)
     trace = out / "trace.json"
     prof.export_chrome_trace(str(trace))
     with trace.open("rb") as src, gzip.open(out / "trace.json.gz", "wb") as dst:
@@ -68,10 +72,7 @@ def profiled(out: Path, cuda: bool, measured_steps: int) -> Iterator[None]:
     trace.unlink()
     (out / "phase_events.json").write_text(json.dumps(phase_times(prof.events())))
     if cuda:
-        STEP_START_HOOKS.remove(live)
         (out / "live_memory.json").write_text(json.dumps(live.steps))
-        torch.cuda.memory._dump_snapshot(str(out / "memory_snapshot.pickle"))
-        torch.cuda.memory._record_memory_history(enabled=None)
 
 
 class LiveMemory:

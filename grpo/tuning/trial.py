@@ -83,7 +83,8 @@ def rows_for(stage: str, params: dict, workload: Workload) -> int:
 
 def make_scratch(project: Path, scratch: Path, params: dict, stage: str, benchmark: str | None,
                  workload: Workload) -> None:
-    """A project folder that runs the stage: params.yaml, models/base linked, a few prepared rows."""
+    """A project folder that runs the stage: params.yaml, models/base linked, a few prepared rows (and one
+    validation question)."""
     prepared = project / "data" / "prepared"
     for need in (project / "models" / "base", prepared / "train.jsonl"):
         if not need.exists():
@@ -93,9 +94,12 @@ def make_scratch(project: Path, scratch: Path, params: dict, stage: str, benchma
     (scratch / "data" / "prepared" / "eval").mkdir(parents=True, exist_ok=True)
     (scratch / "models" / "base").symlink_to((project / "models" / "base").resolve())
     n = rows_for(stage, params, workload)
-    for rel in ("train.jsonl", "val.jsonl") + ((f"eval/{benchmark}.jsonl",) if benchmark else ()):
+    # one validation question: the train stage's end-of-run validation is not what a trial measures, and
+    # a profiled run's allocator history (a ring of its last events) should end with its training steps
+    files = {"train.jsonl": n, "val.jsonl": 1} | ({f"eval/{benchmark}.jsonl": n} if benchmark else {})
+    for rel, k in files.items():
         rows = read_jsonl(prepared / rel)
-        write_jsonl(scratch / "data" / "prepared" / rel, (rows * (1 + n // max(len(rows), 1)))[:n] if rows else [])
+        write_jsonl(scratch / "data" / "prepared" / rel, (rows * (1 + k // max(len(rows), 1)))[:k] if rows else [])
     (scratch / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
 
 
