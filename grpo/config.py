@@ -208,7 +208,7 @@ class TrainParams:
     # larger kernels than de-quantising in every pass; the copy's memory while training (grpo.check, grpo.tune)
     dense_training: bool = False
     # torch.compile each decoder layer for the scoring and training passes (grpo/model/compiled.py): fewer,
-    # fused kernels, one compile at the first step; grpo.tune measures both on a GPU
+    # fused kernels, one compile at the first step; grpo.tune measures both, the compile spread over max_steps
     compile_layers: bool = False
     rewards: dict[str, float] = _check(subset_of(REWARDS), default_factory=lambda: {"correctness": 2.0})
     advantage_scale: str = _check(one_of(*ADVANTAGE_SCALES), default="group")

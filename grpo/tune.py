@@ -4,8 +4,9 @@
 For each stage it searches the knobs that trade memory for speed (grpo/tuning/knobs.py) one at a time,
 starting from the params as they are: every candidate value of a knob is first planned
 (grpo/stage_plans.py, against the budget) and pruned if it cannot fit, then measured by a short real run
-of the stage on your model and data (grpo/tuning/trial.py: a warm-up step excluded for train, tokens/s
-over two generate calls for sent and evaluate); the best value found is kept before the next knob. A trial
+of the stage on your model and data (grpo/tuning/trial.py: for train the seconds a step over a run of
+train.max_steps, the warm-up step's one-off costs spread over it; tokens/s over two generate calls for sent
+and evaluate); the best value found is kept before the next knob. A trial
 that runs out of memory (even one the engine absorbed by shrinking its batch) or fails is recorded and
 skipped, never fatal. Prints a table of every trial and the winner against the shipped settings;
 ``--write`` puts the winners into params.yaml, keeping its comments and order (they are also written

@@ -62,8 +62,10 @@ def knob_values(stage: str, raw: dict[str, Any], gpu: bool) -> dict[str, list[An
         if t.get("quantization", "nf4") == "nf4":
             knobs["train.dense_generation"] = [True, False]
             knobs["train.dense_training"] = [True, False]
-        if gpu:  # compile_layers' case is a launch-bound GPU micro-batch; on a CPU each trial would add its compile
-            knobs["train.compile_layers"] = [False, True]
+        # a compile paid once against seconds saved each step: the trial's figure spreads the first step's
+        # cost over train.max_steps (grpo/tuning/trial.py), so a short run keeps the eager layers
+        knobs["train.compile_layers"] = [False, True]
+        if gpu:
             knobs["train.generation_merge_lora"] = [True, False]
             knobs["train.logprob_chunk_size"] = _around(t["logprob_chunk_size"], 1 << 16)
         else:

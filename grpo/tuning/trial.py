@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from grpo.config import TrainParams
 from grpo.io import read_jsonl, write_jsonl
 from grpo.measured import SENT, TRAIN, eval_log, read_log
 
@@ -107,18 +108,29 @@ def stage_args(stage: str, benchmark: str | None) -> list[str]:
     return [stage] + (["--model", "base", "--benchmark", benchmark] if stage == "evaluate" else [])
 
 
-def measure(scratch: Path, stage: str, benchmark: str | None) -> tuple[float | None, dict[str, Any]]:
-    """(speed, figures) from the stage's measured log: train's median step time after the warm-up step
-    (a new prompt-length bucket recompiles the decode step once; the median keeps that one-off out of
-    the steady figure), sent's and evaluate's generated tokens per second."""
+def run_seconds_a_step(warm_up_s: float, steady_s: float, run_steps: int) -> float:
+    """Seconds a step over a whole run of ``run_steps``: the first step's one-off costs (compiles, plans,
+    caches) spread over the run, the steady step time for the rest. A setting that compiles for 25 s to
+    save 1 s a step wins a 500-step run and loses an 8-step one, and this figure says so."""
+    return (warm_up_s + (run_steps - 1) * steady_s) / run_steps
+
+
+def measure(scratch: Path, stage: str, benchmark: str | None,
+            run_steps: int = 1) -> tuple[float | None, dict[str, Any]]:
+    """(speed, figures) from the stage's measured log. Train: seconds a step over a run of ``run_steps``
+    (``run_seconds_a_step``) from the warm-up step and the median of the steps after it (the median keeps
+    a one-off, such as a new prompt length's recompile, out of the steady figure). Sent and evaluate:
+    generated tokens per second."""
     if stage == "train":
-        steps = (read_log(scratch / TRAIN) or {}).get("steps", [])[1:]
-        if not steps:
+        steps = (read_log(scratch / TRAIN) or {}).get("steps", [])
+        if len(steps) < 2:
             return None, {}
         times = [s["time_generate_s"] + s["time_train_s"] for s in steps]
-        return statistics.median(times), {"step_s": times,
-                                         "generate_s": [round(s["time_generate_s"], 3) for s in steps],
-                                         "train_s": [round(s["time_train_s"], 3) for s in steps]}
+        steady = statistics.median(times[1:])
+        return run_seconds_a_step(times[0], steady, run_steps), {
+            "warm_up_s": times[0], "steady_s": steady, "step_s": times[1:],
+            "generate_s": [round(s["time_generate_s"], 3) for s in steps[1:]],
+            "train_s": [round(s["time_train_s"], 3) for s in steps[1:]]}
     log = read_log(scratch / SENT if stage == "sent" else eval_log(scratch, "base", benchmark or "")) or {}
     return log.get("tokens_per_s"), {k: v for k, v in log.items() if k.endswith("_s")}
 
@@ -143,7 +155,8 @@ def run_trial(project: Path, scratch: Path, raw: dict, stage: str, settings: dic
     wall = time.perf_counter() - t0
     (scratch / "trial.log").write_text(proc.stdout + proc.stderr)
     child = json.loads(result.read_text()) if result.exists() else {"rc": proc.returncode}
-    speed, figures = measure(scratch, stage, benchmark)
+    run_steps = raw["train"].get("max_steps", TrainParams.max_steps)  # the user's run, not the trial's
+    speed, figures = measure(scratch, stage, benchmark, run_steps)
     peak = child.get("peak_allocated_gib")
     ooms = child.get("oom_events", 0) + child.get("cuda_ooms", 0)
     if child["rc"] != 0 or ooms:
