@@ -205,6 +205,25 @@ def preset_params(logprob_backend: str):
     return dataclasses.replace(params, **overrides)
 
 
+def bench_rows() -> list[dict]:
+    """64 GSM8K questions as training rows (the answers are a placeholder: random weights score nothing)."""
+    return [{"id": f"q{i}", "source": "bench", "question": row["question"], "answer": "7",
+             "answer_type": "integer", "meta": {}} for i, row in enumerate(gsm8k_rows()[:64])]
+
+
+def loss_backward(ctx, batch, advantages: torch.Tensor, response_length: int) -> None:
+    """One training micro-batch as ``policy_updates`` runs it: log-probs and entropy by the step's own
+    backend, the preset's GRPO loss (dapo, one iteration: no old log-probs), backward."""
+    from grpo.algo.objective import grpo_loss
+    from grpo.train.step import token_logprobs
+
+    lp, _ = token_logprobs(ctx, batch, entropy=True)
+    out = grpo_loss(lp, None, advantages, batch.response_mask, loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28,
+                    delta=None, beta=0.0, ref_logprobs=None, max_completion_length=response_length,
+                    num_items_in_batch=float(batch.response_mask.sum()), entropy_keep_mask=None)
+    out.loss.backward()
+
+
 def run_step() -> None:
     from grpo.prompts import PromptStyle
 
@@ -215,8 +234,7 @@ def run_step() -> None:
     torch.cuda.set_per_process_memory_fraction(cap * GIB / total)
     res: dict = {"cap_GiB": cap, "quick": QUICK, "sdpa_cudnn": os.environ.get("SDPA_CUDNN") == "1"}
     style = PromptStyle("r1", system_prompt="")
-    rows = [{"id": f"q{i}", "source": "bench", "question": row["question"], "answer": "7",
-             "answer_type": "integer", "meta": {}} for i, row in enumerate(gsm8k_rows()[:64])]
+    rows = bench_rows()
     for backend in os.environ.get("BACKENDS", "triton,torch").split(","):
         step_run(backend, model_dir, style, rows, res)
         gc.collect()  # the engine <-> wrapper cycle would keep the first model alive into the next run
@@ -293,10 +311,8 @@ class PeakMeasuredEngine:
 def microbatch_memory(trainer, loaded: int) -> dict:
     """One training micro-batch of 4 × (128 + 768) tokens, forward + backward through the step's own
     log-prob path: peak above the memory held before it (the loaded model and what generation keeps)."""
-    from grpo.algo.objective import grpo_loss
     from grpo.rollout.base import Completion
     from grpo.train.step import build_batch
-    from grpo.train.step import token_logprobs
 
     ctx = trainer.ctx
     resp = 64 if QUICK else 768
@@ -308,15 +324,7 @@ def microbatch_memory(trainer, loaded: int) -> dict:
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
 
-    def step():
-        lp, ent = token_logprobs(ctx, batch, entropy=True)
-        out = grpo_loss(lp, None, torch.randn(4, device=ctx.parts.device), batch.response_mask, loss_type="dapo",
-                        epsilon_low=0.2, epsilon_high=0.28, delta=None, beta=0.0, ref_logprobs=None,
-                        max_completion_length=resp, num_items_in_batch=float(batch.response_mask.sum()),
-                        entropy_keep_mask=None)
-        out.loss.backward()
-
-    _, seconds = timed(step)
+    _, seconds = timed(lambda: loss_backward(ctx, batch, torch.randn(4, device=ctx.parts.device), resp))
     peak = torch.cuda.max_memory_allocated()
     ctx.parts.optimizer.zero_grad(set_to_none=True)
     return {"peak_above_held_GiB": round((peak - before) / GIB, 2), "held_GiB": round(before / GIB, 2),

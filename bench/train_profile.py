@@ -8,11 +8,11 @@ the step's own backend) + GRPO loss + backward, as ``policy_updates`` runs it.
 Variants: ``nf4`` as shipped; ``dense`` inside ``dense_for_training`` (the ``train.dense_training`` knob);
 ``layers`` inside ``compiled_layers`` (the ``train.compile_layers`` knob: each decoder layer one compiled
 graph); ``nockpt`` without gradient checkpointing (last: it stays off). (The ``fused`` variant of
-bench/RESULTS.md, norms, SwiGLU and LoRA compiled one function at a time, is this file at b78c11c.) For
-each: the median wall time of three runs after two warm-ups,
-then one run under torch.profiler: the device's summed kernel time (busy) against the wall time, the
-launch count, the top kernels and the top host operators by self time. No memory cap: this is about time.
-Writes $OUT/train_profile.json.
+bench/RESULTS.md, norms, SwiGLU and LoRA compiled one function at a time, is this file at b78c11c.)
+For each: the first run's time (a compile, for ``layers``), the median wall time of three runs after two
+warm-ups, then one run under torch.profiler: the device's summed kernel time (busy) against the wall
+time, the launch count, the top kernels and the top host operators by self time. No memory cap: this is
+about time. Writes $OUT/train_profile.json.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.gpu_bench import MODEL_DIR, OUT, PROMPT, V, preset_params, timed  # noqa: E402
-from bench.r1_model import build_model_dir, gsm8k_rows  # noqa: E402
+from bench.gpu_bench import MODEL_DIR, OUT, PROMPT, V, bench_rows, loss_backward, preset_params, timed  # noqa: E402
+from bench.r1_model import build_model_dir  # noqa: E402
 
 RESPONSE = 768
 
@@ -39,17 +39,15 @@ def build_trainer():
     params = preset_params("triton")
     tmp = Path("/tmp/bench_train_profile")
     paths = TrainPaths(build_model_dir(MODEL_DIR), tmp / "ckpt", tmp / "final", tmp / "metrics", tmp / "summary.json")
-    rows = [{"id": f"q{i}", "source": "bench", "question": row["question"], "answer": "7", "answer_type": "integer",
-             "meta": {}} for i, row in enumerate(gsm8k_rows()[:64])]
+    rows = bench_rows()
     style = PromptStyle("r1", system_prompt="")
     parts = build_parts(params, style, paths.base_model, paths.live, paths.measured, [r["id"] for r in rows], None)
     return Trainer(params, style, paths, rows, [], parts, "bench")
 
 
 def micro_batch(trainer, seqs: int):
-    from grpo.algo.objective import grpo_loss
     from grpo.rollout.base import Completion
-    from grpo.train.step import build_batch, token_logprobs
+    from grpo.train.step import build_batch
 
     ctx = trainer.ctx
     gen = torch.Generator().manual_seed(0)
@@ -60,11 +58,7 @@ def micro_batch(trainer, seqs: int):
     adv = torch.randn(seqs, device=ctx.parts.device)
 
     def run():
-        lp, ent = token_logprobs(ctx, batch, entropy=True)
-        out = grpo_loss(lp, None, adv, batch.response_mask, loss_type="dapo", epsilon_low=0.2, epsilon_high=0.28,
-                        delta=None, beta=0.0, ref_logprobs=None, max_completion_length=RESPONSE,
-                        num_items_in_batch=float(batch.response_mask.sum()), entropy_keep_mask=None)
-        out.loss.backward()
+        loss_backward(ctx, batch, adv, RESPONSE)
         ctx.parts.optimizer.zero_grad(set_to_none=True)
 
     return run

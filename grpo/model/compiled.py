@@ -6,8 +6,9 @@ lost: their kernels took 20% less time but each of ~400 calls a micro-batch paid
 the compiled autograd wrapper on the host (bench/RESULTS.md, "Fused elementwise work in training"). One
 compiled region a layer is the other shape of that trade: the whole layer (the 4-bit de-quantisation,
 LoRA and gradient checkpointing's re-forward included) is traced as one graph (with no break on the CPU,
-tests/train/test_trainer.py; all layers share it), so a micro-batch makes a few calls per layer. Whether that wins is measured, not assumed: it is a knob of
-``grpo.tune``, which weighs the compile against the run's steps.
+tests/train/test_trainer.py; all layers share it), so a micro-batch makes a few calls per layer. Whether
+that wins is measured, not assumed: it is a knob of ``grpo.tune``, which weighs the compile against the
+run's steps.
 
 Only the training passes run compiled (``compiled_layers`` around them): generation with HF ``generate``
 runs the same layers with a growing KV cache, which would recompile at every length. The compiled

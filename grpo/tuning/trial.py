@@ -155,7 +155,7 @@ def run_trial(project: Path, scratch: Path, raw: dict, stage: str, settings: dic
     wall = time.perf_counter() - t0
     (scratch / "trial.log").write_text(proc.stdout + proc.stderr)
     child = json.loads(result.read_text()) if result.exists() else {"rc": proc.returncode}
-    run_steps = raw["train"].get("max_steps", TrainParams.max_steps)  # the user's run, not the trial's
+    run_steps = (raw.get("train") or {}).get("max_steps", TrainParams.max_steps)  # the user's run, not the trial's
     speed, figures = measure(scratch, stage, benchmark, run_steps)
     peak = child.get("peak_allocated_gib")
     ooms = child.get("oom_events", 0) + child.get("cuda_ooms", 0)
