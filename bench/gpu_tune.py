@@ -85,7 +85,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", default="trl,tune:7.5,tune:15.5,tune:23.5,profile:7.5")
     parser.add_argument("--deadline-s", type=float, default=560.0, help="the whole call, set-up included")
-    parser.add_argument("--steps", type=int, default=3, help="measured training steps a trial (after a warm-up)")
+    parser.add_argument("--steps", type=int, default=2, help="measured training steps a trial (after a warm-up)")
     parser.add_argument("--steady-steps", type=int, default=5, help="measured steps of each steady run")
     parser.add_argument("--trial-s", type=float, default=150.0)
     parser.add_argument("--profile-steps", type=int, default=2,

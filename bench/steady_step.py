@@ -27,7 +27,8 @@ def steady(project: Path, out: Path, winner: dict, steps: int, cap_gib: float | 
     raw = yaml.safe_load((project / "params.yaml").read_text())
     out.mkdir(parents=True, exist_ok=True)
     results = {}
-    for name, settings in (("shipped", {}), ("winner", winner)):
+    # a winner of no changes is the shipped settings: one run measures both
+    for name, settings in (("shipped", {}), ("winner", winner))[:2 if winner else 1]:
         scratch = Path(f"/tmp/steady-{name}")
         shutil.rmtree(scratch, ignore_errors=True)
         outcome = run_trial(project.resolve(), scratch, raw, "train", settings, workload=Workload(steps=steps),

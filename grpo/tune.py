@@ -2,15 +2,16 @@
 [--trials-s S] [--write]``.
 
 For each stage it searches the knobs that trade memory for speed (grpo/tuning/knobs.py) one at a time,
-starting from the params as they are: every candidate value of a knob is first planned
-(grpo/stage_plans.py, against the budget) and pruned if it cannot fit, then measured by a short real run
-of the stage on your model and data (grpo/tuning/trial.py: for train the seconds a step over a run of
-train.max_steps, the warm-up step's one-off costs spread over it; tokens/s over two generate calls for sent
-and evaluate); the best value found is kept before the next knob. A trial
-that runs out of memory (even one the engine absorbed by shrinking its batch) or fails is recorded and
-skipped, never fatal. Prints a table of every trial and the winner against the shipped settings;
-``--write`` puts the winners into params.yaml, keeping its comments and order (they are also written
-beside the cache as ``<cache>.winners.json``, and the table as ``<cache>.txt``). Trials are cached in
+starting from the params as they are: every candidate value of a knob is first planned (grpo/stage_plans.py,
+against the budget) and pruned if it cannot fit, then measured by a short real run of the stage on your
+model and data (grpo/tuning/trial.py: for train the seconds a step over a run of train.max_steps, the
+warm-up step's one-off costs spread over it; tokens/s over two generate calls for sent and evaluate); the
+best value found is kept before the next knob. On a GPU a value that only saves memory (a smaller batch,
+checkpointing on, the 4-bit base for a dense copy) is measured only once the current setting fails
+(``leaner``). A trial that runs out of memory (even one the engine absorbed by shrinking its batch) or
+fails is recorded and skipped, never fatal. Prints a table of every trial and the winner against the
+shipped settings; ``--write`` puts the winners into params.yaml, keeping its comments and order (they are
+also written beside the cache as ``<cache>.winners.json``, and the table as ``<cache>.txt``). Trials are cached in
 ``logs/tune/<model>-<device>-<budget>.json``, each under its settings and what else it depends on (the
 model, prompt and stage params, the project's code and torch's version: ``trial_inputs``), so a rerun
 measures nothing again, even after ``--write``, while a changed param or an updated project re-measures.
@@ -36,7 +37,7 @@ from grpo.config import ConfigError, load_params
 from grpo.io import atomic_write_json, atomic_write_text
 from grpo.memory_plan import GIB, resolve_arch
 from grpo.stage_plans import SECTIONS, plan_stages, with_param
-from grpo.tuning.knobs import SPEED, STAGES, current_settings, faster, knob_values
+from grpo.tuning.knobs import SPEED, STAGES, current_settings, faster, knob_values, leaner
 from grpo.tuning.params_edit import update_params
 from grpo.tuning.trial import Outcome, Workload, run_trial
 
@@ -87,12 +88,16 @@ class Tuner:
         phases = plan_stages(params, self.arch, cuda=self.gpu, prompt_tokens=self.prompt_tokens, budget=self.budget)
         return max((p.peak for p in phases if p.stage == name), default=0) / GIB
 
-    def trial(self, stage: str, benchmark: str | None, settings: dict[str, Any]) -> Outcome:
+    def trial(self, stage: str, benchmark: str | None, settings: dict[str, Any], skip: str = "") -> Outcome:
+        """Measure (or read from the cache, or prune by the plan) one setting; ``skip``: record it
+        unmeasured, for that reason."""
         inputs = trial_inputs(self.raw, stage, settings, code_fingerprint())
         key = json.dumps([stage, benchmark, settings, self.workload.__dict__, inputs], sort_keys=True)
         plan = self.planned_peak(stage, benchmark, settings)
         if key in self.cache:
             outcome, source = Outcome(**self.cache[key]), "cached"
+        elif skip:
+            outcome, source = Outcome("skipped", detail=skip), "search"
         elif plan > self.budget / GIB:
             outcome, source = Outcome("pruned", detail=f"plan {plan:.2f} GiB > budget"), "plan"
         else:
@@ -129,7 +134,9 @@ class Tuner:
                 if value == best[key]:
                     continue
                 candidate = {**best, key: value}
-                outcome = self.trial(stage, benchmark, candidate)
+                skip = ("only saves memory, and a setting that needs more ran cleanly"
+                        if self.gpu and best_outcome.status == "ok" and leaner(key, value, best[key]) else "")
+                outcome = self.trial(stage, benchmark, candidate, skip)
                 if outcome.status == "ok" and outcome.speed is not None and (
                         best_outcome.status != "ok" or faster(stage, outcome.speed, best_outcome.speed)):
                     best, best_outcome = candidate, outcome

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from grpo.tune import main as tune_main
-from grpo.tuning.knobs import MIN_GAIN, faster, knob_values
+from grpo.tuning.knobs import MIN_GAIN, faster, knob_values, leaner
 from grpo.tuning.params_edit import update_params
 from grpo.tuning.trial import run_seconds_a_step
 from tests.pipeline.project import copy_project, edit_params, run, tiny_params
@@ -115,6 +115,53 @@ def test_knob_candidates_hold_the_current_value_and_stay_within_a_step():
     assert knobs["train.compute_dtype"] == ["float32", "bfloat16"]
     assert "train.generation_merge_lora" not in knobs and "train.generation_merge_lora" in knob_values("train", raw, True)
     assert knobs["train.compile_layers"] == [False, True]
+
+
+def test_leaner_values_are_the_ones_that_only_save_memory():
+    assert leaner("train.train_batch_size", 8, 16) and not leaner("train.train_batch_size", 32, 16)
+    assert leaner("train.gradient_checkpointing", True, False) and not leaner("train.gradient_checkpointing", False, True)
+    assert leaner("train.dense_training", False, True) and not leaner("train.dense_training", True, False)
+    assert not leaner("train.generation_merge_lora", False, True)  # neither way only saves memory
+    assert not leaner("train.compile_layers", False, True)
+
+
+def test_on_a_gpu_the_search_measures_a_leaner_value_only_after_the_current_one_fails(prepared_project, monkeypatch,
+                                                                                        tmp_path):
+    """The search's order on a GPU, with the trial runner replaced by a table of outcomes (a mock: the
+    GPU's trials cannot run here; the CPU's real trials are the first test's). Micro-batches above 2 run
+    out of memory: the shipped 2 runs, so 1 is skipped unmeasured; with 4 shipped, the failure sends the
+    search down to 2."""
+    import grpo.tune as tune
+    from grpo.tuning.trial import Outcome, Workload
+
+    measured: list[dict] = []
+
+    def fake_trial(project, scratch, raw, stage, settings, **kwargs) -> Outcome:
+        measured.append(settings)
+        size = settings["train.train_batch_size"]
+        return Outcome("oom", 9.0) if size > 2 else Outcome("ok", 5.0 + size)
+
+    monkeypatch.setattr(tune, "run_trial", fake_trial)
+    raw = yaml.safe_load((prepared_project / "params.yaml").read_text())
+
+    def search(train_batch_size: int) -> tuple[dict, list[dict]]:
+        measured.clear()
+        project = tmp_path / f"shipped-{train_batch_size}"
+        project.mkdir()
+        edited = {**raw, "train": {**raw["train"], "train_batch_size": train_batch_size}}
+        (project / "params.yaml").write_text(yaml.safe_dump(edited, sort_keys=False))
+        tuner = tune.Tuner(project, edited, 64 * 2**30, True, project / "cache.json", workload=Workload(1),
+                           trial_s=60, prompt_tokens=64)
+        best, _, _ = tuner.search("train")
+        return best, tuner.rows
+
+    best, rows = search(2)
+    sizes = [s["train.train_batch_size"] for s in measured]
+    assert 1 not in sizes and best["train.train_batch_size"] == 2
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert [r["settings"]["train.train_batch_size"] for r in skipped if r["settings"]["train.train_batch_size"] != 2] == [1]
+    best, rows = search(4)
+    assert 2 in [s["train.train_batch_size"] for s in measured] and best["train.train_batch_size"] == 2
 
 
 def test_a_trial_spreads_the_first_steps_one_off_cost_over_the_users_run():

@@ -30,6 +30,22 @@ def faster(stage: str, a: float, b: float) -> bool:
     return gain >= 1 + MIN_GAIN
 
 
+# Which way each knob trades memory: +1, a smaller value needs less (smaller batches and chunks, the 4-bit
+# base instead of a dense copy); -1, a larger one does (checkpointing on).
+MEMORY_ORDER = {"train.generation_batch_size": 1, "train.train_batch_size": 1, "train.logprob_chunk_size": 1,
+                "train.dense_generation": 1, "train.dense_training": 1, "train.gradient_checkpointing": -1,
+                "sent.batch_size": 1, "evaluate.batch_size": 1}
+
+
+def leaner(key: str, value: Any, current: Any) -> bool:
+    """Does ``value`` of knob ``key`` only save memory against ``current``? On a GPU such a value is never
+    faster (more and smaller kernels, a recomputed forward, de-quantising matmuls: micro-batch 8 took 9.68
+    s/step against 16's 6.60, log-prob chunk 512 6.83 against 1024's 6.60; bench/RESULTS.md), so the search
+    measures it only once the current setting fails. On a CPU a smaller batch can be faster (caches)."""
+    order = MEMORY_ORDER.get(key)
+    return order is not None and (value - current) * order < 0
+
+
 def _around(current: int, top: int) -> list[int]:
     return sorted({v for v in (current // 2, current, current * 2) if 1 <= v <= top})
 
