@@ -5,8 +5,9 @@
 Sets up the project folder of bench/gpu_stages.py (the R1-Distill-Qwen-1.5B-shape random model of
 bench/r1_model.py, presets/rtx3060ti-8gb.yaml, its data caps) by running its base_model and prepare stages,
 then runs the jobs in order, each cut at the call's deadline:
-- ``tune:CAP``: ``python -m grpo.tune --budget-gib CAP --stages train`` (each trial the train stage in its
-  own process with its allocator capped to CAP; 8/16/24 GiB cards less a CUDA context: 7.5/15.5/23.5);
+- ``tune:CAP``: ``python -m grpo.tune --budget-gib CAP --stages train --run-steps 500`` (each trial the train
+  stage in its own process with its allocator capped to CAP; 8/16/24 GiB cards less a CUDA context:
+  7.5/15.5/23.5; ranked over the preset's 500 steps, not the set-up's 3);
 - ``profile:CAP``: ``python -m grpo.profile --steps N --budget-gib CAP`` (N: ``--profile-steps``; trace, CUDA
   memory snapshot, phase table, live memory by owner);
 - ``steady:CAP``: bench/steady_step.py, the shipped settings and ``--winner`` (default: the winner of this
@@ -33,7 +34,10 @@ import tarfile
 import time
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
+PRESET = ROOT / "presets" / "rtx3060ti-8gb.yaml"  # bench/gpu_stages.py's project: this preset, data capped
 WORK = Path("/tmp/gpu_stages_work")
 CARRIED = ROOT / "bench" / "results" / "gpu_tune"
 TUNE_CACHE = WORK / "logs" / "tune"
@@ -57,8 +61,10 @@ def run(cmd: list[str], timeout: float, env: dict[str, str] | None = None) -> di
 def job_command(job: str, args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     kind, _, cap = job.partition(":")
     if kind == "tune":
-        return [sys.executable, "-m", "grpo.tune", "--budget-gib", cap, "--stages", "train",
-                "--steps", str(args.steps), "--trials-s", str(args.trial_s)], {}
+        # ranked over the preset's run, not the set-up's three steps: a compile is paid once in 500 steps
+        run_steps = yaml.safe_load(PRESET.read_text())["train"]["max_steps"]
+        return [sys.executable, "-m", "grpo.tune", "--budget-gib", cap, "--stages", "train", "--run-steps",
+                str(run_steps), "--steps", str(args.steps), "--trials-s", str(args.trial_s)], {}
     if kind == "profile":
         return [sys.executable, "-m", "grpo.profile", "--steps", str(args.profile_steps), "--budget-gib", cap,
                 "--out", str(PROFILE)], {}

@@ -39,7 +39,7 @@ from grpo.memory_plan import GIB, resolve_arch
 from grpo.stage_plans import SECTIONS, plan_stages, with_param
 from grpo.tuning.knobs import SPEED, STAGES, current_settings, faster, knob_values, leaner
 from grpo.tuning.params_edit import update_params
-from grpo.tuning.trial import Outcome, Workload, run_trial
+from grpo.tuning.trial import Outcome, Workload, run_seconds_a_step, run_trial
 
 CACHE = Path("logs/tune")
 
@@ -61,6 +61,8 @@ def trial_inputs(raw: dict, stage: str, settings: dict[str, Any], code: str) -> 
     """What a trial measures besides its knob ``settings``: the model, prompt and stage sections of the
     params (the knobs' own values left out: ``settings`` holds them) and the ``code`` fingerprint."""
     sections = {name: dict(raw.get(name) or {}) for name in ("model", "prompt", stage)}
+    # a run's length changes how a training trial's figures are combined (Tuner.rank), not what it measures
+    sections[stage].pop("max_steps", None)
     for key in settings:
         section, _, name = key.partition(".")
         sections.get(section, {}).pop(name, None)
@@ -72,9 +74,10 @@ class Tuner:
     """Plans, runs and caches the trials of one (model, device, budget)."""
 
     def __init__(self, project: Path, raw: dict, budget: int, gpu: bool, cache: Path, *, workload: Workload,
-                 trial_s: float, prompt_tokens: int) -> None:
+                 trial_s: float, prompt_tokens: int, run_steps: int | None = None) -> None:
         self.project, self.raw, self.budget, self.gpu = project, raw, budget, gpu
         self.params = load_params(project / "params.yaml", SECTIONS + ["prompt"])
+        self.run_steps = run_steps or self.params["train"].max_steps
         self.arch = resolve_arch(self.params["model"].source)
         self.cache_path, self.workload, self.trial_s, self.prompt_tokens = cache, workload, trial_s, prompt_tokens
         self.cache: dict[str, dict] = json.loads(cache.read_text()) if cache.exists() else {}
@@ -95,7 +98,7 @@ class Tuner:
         key = json.dumps([stage, benchmark, settings, self.workload.__dict__, inputs], sort_keys=True)
         plan = self.planned_peak(stage, benchmark, settings)
         if key in self.cache:
-            outcome, source = Outcome(**self.cache[key]), "cached"
+            outcome, source = self.rank(stage, Outcome(**self.cache[key])), "cached"
         elif skip:
             outcome, source = Outcome("skipped", detail=skip), "search"
         elif plan > self.budget / GIB:
@@ -104,7 +107,7 @@ class Tuner:
             with tempfile.TemporaryDirectory(prefix="grpo-tune-") as scratch:
                 outcome = run_trial(self.project, Path(scratch), self.raw, stage, settings, benchmark=benchmark,
                                     workload=self.workload, cap_gib=self.budget / GIB if self.gpu else None,
-                                    timeout_s=self.trial_s)
+                                    timeout_s=self.trial_s, run_steps=self.run_steps)
                 self.keep_log(Path(scratch) / "trial.log", stage, settings)
             self.cache[key] = outcome.__dict__
             atomic_write_json(self.cache_path, self.cache)
@@ -113,6 +116,13 @@ class Tuner:
                           **outcome.__dict__})
         print(f"  {stage:<8} {describe(settings, self.params)}: {outcome.status}"
               + (f", {outcome.speed:.3g} {SPEED[stage]}" if outcome.speed else "") + f" ({source})", flush=True)
+        return outcome
+
+    def rank(self, stage: str, outcome: Outcome) -> Outcome:
+        """A cached training trial's speed over this run's length (measured under another ``max_steps``)."""
+        figures = outcome.figures
+        if stage == "train" and "steady_s" in figures:
+            outcome.speed = run_seconds_a_step(figures["warm_up_s"], figures["steady_s"], self.run_steps)
         return outcome
 
     def keep_log(self, log: Path, stage: str, settings: dict[str, Any]) -> None:
@@ -175,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials-s", type=float, default=600.0, help="a trial's time limit (default 600 s)")
     parser.add_argument("--steps", type=int, default=2, help="training steps measured after one warm-up step")
     parser.add_argument("--questions", type=int, default=0, help="sent/evaluate rows a trial (default 2 batches)")
+    parser.add_argument("--run-steps", type=int, help="rank training settings over a run of this many steps "
+                        "(default: train.max_steps; one-off costs such as a compile are spread over it)")
     parser.add_argument("--prompt-tokens", type=int, default=256, help="longest prompt the plan assumes")
     parser.add_argument("--write", action="store_true", help="write the winners into --params")
     args = parser.parse_args(argv)
@@ -191,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         project = args.params.resolve().parent
         cache = project / CACHE / f"{slug(params['model'].source.split('/')[-1])}-{slug(name)}-{budget / GIB:.1f}gib.json"
         tuner = Tuner(project, raw, budget, gpu, cache, workload=Workload(args.steps, args.questions),
-                      trial_s=args.trials_s, prompt_tokens=args.prompt_tokens)
+                      trial_s=args.trials_s, prompt_tokens=args.prompt_tokens, run_steps=args.run_steps)
     except (ConfigError, ValueError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

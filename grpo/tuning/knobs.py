@@ -78,14 +78,15 @@ def knob_values(stage: str, raw: dict[str, Any], gpu: bool) -> dict[str, list[An
         if t.get("quantization", "nf4") == "nf4":
             knobs["train.dense_generation"] = [True, False]
             knobs["train.dense_training"] = [True, False]
-        # a compile paid once against seconds saved each step: the trial's figure spreads the first step's
-        # cost over train.max_steps (grpo/tuning/trial.py), so a short run keeps the eager layers
-        knobs["train.compile_layers"] = [False, True]
         if gpu:
             knobs["train.generation_merge_lora"] = [True, False]
             knobs["train.logprob_chunk_size"] = _around(t["logprob_chunk_size"], 1 << 16)
         else:
             knobs["train.compute_dtype"] = _dtypes(t["compute_dtype"])
+        # a compile paid once against seconds saved each step: the trial's figure spreads the first step's
+        # cost over the run (grpo/tuning/trial.py), so a short run keeps the eager layers. Last, because
+        # once it wins every later trial would pay its compile (75 s on an H100, bench/RESULTS.md)
+        knobs["train.compile_layers"] = [False, True]
         return knobs
     if stage in ("sent", "evaluate"):
         section = raw[stage]

@@ -29,7 +29,6 @@ from typing import Any
 
 import yaml
 
-from grpo.config import TrainParams
 from grpo.io import read_jsonl, write_jsonl
 from grpo.measured import SENT, TRAIN, eval_log, read_log
 
@@ -140,8 +139,9 @@ def measure(scratch: Path, stage: str, benchmark: str | None,
 
 def run_trial(project: Path, scratch: Path, raw: dict, stage: str, settings: dict[str, Any], *,
               benchmark: str | None = None, workload: Workload = Workload(), cap_gib: float | None = None,
-              timeout_s: float = 600.0, profile_dir: Path | None = None) -> Outcome:
-    """Run one trial of ``stage`` with ``settings``; never raises for what the stage does. With
+              timeout_s: float = 600.0, profile_dir: Path | None = None, run_steps: int = 1) -> Outcome:
+    """Run one trial of ``stage`` with ``settings``; never raises for what the stage does. A training
+    trial's speed is seconds a step over a run of ``run_steps`` (``run_seconds_a_step``). With
     ``profile_dir`` the run is profiled into it (grpo/profile.py)."""
     make_scratch(project, scratch, trial_params(raw, stage, settings, workload), stage, benchmark, workload)
     result = scratch / "trial_result.json"
@@ -158,7 +158,6 @@ def run_trial(project: Path, scratch: Path, raw: dict, stage: str, settings: dic
     wall = time.perf_counter() - t0
     (scratch / "trial.log").write_text(proc.stdout + proc.stderr)
     child = json.loads(result.read_text()) if result.exists() else {"rc": proc.returncode}
-    run_steps = (raw.get("train") or {}).get("max_steps", TrainParams.max_steps)  # the user's run, not the trial's
     speed, figures = measure(scratch, stage, benchmark, run_steps)
     peak = child.get("peak_allocated_gib")
     ooms = child.get("oom_events", 0) + child.get("cuda_ooms", 0)
