@@ -18,8 +18,9 @@ The tuner caches each finished trial and writes its table and winners beside the
 ``bench/results/gpu_tune/`` (carried in the tree) seed the run, so a call cut by its deadline is continued
 by the next (as long as the project's code is unchanged: it is part of each trial's key). Results go to
 $OUT/gpu_tune/, within the device's 8 files: the caches this call added to, runs.json, the trials' logs,
-tables and winners in trial_logs.tar.gz, the profile's trace and snapshot, its table, plot and live-memory
-record in profile.tar.gz, and the steady and TRL jobs' JSON and logs in steady.tar.gz.
+tables and winners in trial_logs.tar.gz, the profile's trace and snapshot (in parts when over 15 MiB), its
+table, plot and live-memory record in profile.tar.gz, and the steady and TRL jobs' JSON and logs in
+steady.tar.gz.
 Random weights: times and memory are real, answers are not.
 """
 from __future__ import annotations
@@ -135,12 +136,18 @@ def archive(paths: list[Path], dest: Path, root: Path) -> None:
                 tar.add(path, arcname=str(path.relative_to(root)))
 
 
-def save_profile_output(out: Path) -> None:
-    """The trace and the snapshot as files (the large ones), the table, plot and live-memory record in
-    profile.tar.gz."""
+def save_profile_output(out: Path, part_bytes: int = 15 * 2**20) -> None:
+    """The trace and the snapshot as files (the large ones, cut into ``.partN`` files under the device's
+    16 MiB a file: ``cat trace.json.gz.part* > trace.json.gz`` rejoins them), the table, plot and
+    live-memory record in profile.tar.gz."""
     for name in ("memory_snapshot.pickle", "trace.json.gz"):
         if (PROFILE / name).exists():
-            shutil.copy(PROFILE / name, out / name)
+            data = (PROFILE / name).read_bytes()
+            if len(data) <= part_bytes:
+                (out / name).write_bytes(data)
+                continue
+            for i in range(0, len(data), part_bytes):
+                (out / f"{name}.part{i // part_bytes}").write_bytes(data[i:i + part_bytes])
     small = ("phases.txt", "phases.json", "memory.png", "live_memory.json")
     archive([PROFILE / name for name in small if (PROFILE / name).exists()], out / "profile.tar.gz", PROFILE)
 

@@ -48,3 +48,21 @@ def test_tuner_output_returns_new_caches_as_files_and_the_rest_in_one_archive(ca
     with tarfile.open(out / "trial_logs.tar.gz") as tar:
         assert sorted(tar.getnames()) == ["model-gpu-15.5gib.txt", "model-gpu-15.5gib.winners.json",
                                           "model-gpu-15.5gib/train-as-shipped.log"]
+
+
+def test_a_profile_file_over_the_devices_limit_comes_back_in_parts_that_rejoin(tmp_path, monkeypatch):
+    profile, out = tmp_path / "profile", tmp_path / "out"
+    profile.mkdir()
+    out.mkdir()
+    monkeypatch.setattr(gpu_tune, "PROFILE", profile)
+    trace = bytes(range(256)) * 40  # 10,240 bytes: three parts of at most 4,096
+    (profile / "trace.json.gz").write_bytes(trace)
+    (profile / "memory_snapshot.pickle").write_bytes(b"small")
+    (profile / "phases.txt").write_text("table")
+    gpu_tune.save_profile_output(out, part_bytes=4096)
+    parts = sorted(out.glob("trace.json.gz.part*"), key=lambda p: int(p.name.rsplit("part", 1)[1]))
+    assert [p.stat().st_size for p in parts] == [4096, 4096, 2048]
+    assert b"".join(p.read_bytes() for p in parts) == trace
+    assert (out / "memory_snapshot.pickle").read_bytes() == b"small"
+    with tarfile.open(out / "profile.tar.gz") as tar:
+        assert tar.getnames() == ["phases.txt"]
