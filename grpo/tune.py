@@ -3,18 +3,19 @@
 
 For each stage it searches the knobs that trade memory for speed (grpo/tuning/knobs.py) one at a time,
 starting from the params as they are: every candidate value of a knob is first planned (grpo/stage_plans.py,
-against the budget) and pruned if it cannot fit, then measured by a short real run of the stage on your
-model and data (grpo/tuning/trial.py: for train the seconds a step over a run of train.max_steps, the
-warm-up step's one-off costs spread over it; tokens/s over two generate calls for sent and evaluate); the
-best value found is kept before the next knob. On a GPU a value that only saves memory (a smaller batch,
-checkpointing on, the 4-bit base for a dense copy) is measured only once the current setting fails
-(``leaner``). A trial that runs out of memory (even one the engine absorbed by shrinking its batch) or
-fails is recorded and skipped, never fatal. Prints a table of every trial and the winner against the
-shipped settings; ``--write`` puts the winners into params.yaml, keeping its comments and order (they are
-also written beside the cache as ``<cache>.winners.json``, and the table as ``<cache>.txt``). Trials are cached in
-``logs/tune/<model>-<device>-<budget>.json``, each under its settings and what else it depends on (the
-model, prompt and stage params, the project's code and torch's version: ``trial_inputs``), so a rerun
-measures nothing again, even after ``--write``, while a changed param or an updated project re-measures.
+against the budget) and pruned if it cannot fit, then measured by a short real run of the stage on your model
+and data (grpo/tuning/trial.py: for train the seconds a step over a run of train.max_steps, the warm-up step's
+one-off costs spread over it; tokens/s over two generate calls for sent and evaluate); the best value found is
+kept before the next knob. On a GPU a value that only saves memory (a smaller batch, checkpointing on, the
+4-bit base for a dense copy) is measured only once the current setting fails (``leaner``), and a knob with a
+one-off cost (a compile) is searched last, the others with it off. A trial that runs out of memory (even one
+the engine absorbed by shrinking its batch) or fails is recorded and passed over, never fatal. Prints a table of
+every trial and the winner against the shipped settings; ``--write`` puts the winners into params.yaml,
+keeping its comments and order (they are also written beside the cache as ``<cache>.winners.json``, and the
+table as ``<cache>.txt``). Trials are cached in ``logs/tune/<model>-<device>-<budget>.json``, each under its
+settings and what else it depends on (the model, prompt and stage params, the project's code and torch's
+version: ``trial_inputs``), so a rerun measures nothing again, even after ``--write``, while a changed param
+or an updated project re-measures.
 Needs ``models/base`` and ``data/prepared`` (``dvc repro prepare base_model``).
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from grpo.config import ConfigError, load_params
 from grpo.io import atomic_write_json, atomic_write_text
 from grpo.memory_plan import GIB, resolve_arch
 from grpo.stage_plans import SECTIONS, plan_stages, with_param
-from grpo.tuning.knobs import SPEED, STAGES, current_settings, faster, knob_values, leaner
+from grpo.tuning.knobs import ONE_OFF_COSTS, SPEED, STAGES, current_settings, faster, knob_values, leaner
 from grpo.tuning.params_edit import update_params
 from grpo.tuning.trial import Outcome, Workload, run_seconds_a_step, run_trial
 
@@ -137,8 +138,11 @@ class Tuner:
         """Coordinate search from the current params: (winning settings, its outcome, the shipped one's)."""
         benchmark = hardest_benchmark(self.raw) if stage == "evaluate" else None
         knobs = knob_values(stage, self.raw, self.gpu)
-        best = current_settings(self.params, list(knobs))
+        current = best = current_settings(self.params, list(knobs))
         shipped = best_outcome = self.trial(stage, benchmark, best)
+        eager = {**best, **{key: False for key in ONE_OFF_COSTS if best.get(key)}}
+        if eager != best:  # shipped with a compile: the other knobs are searched without paying it each trial
+            best, best_outcome = eager, self.trial(stage, benchmark, eager)
         for key, values in knobs.items():
             for value in values:
                 if value == best[key]:
@@ -150,6 +154,9 @@ class Tuner:
                 if outcome.status == "ok" and outcome.speed is not None and (
                         best_outcome.status != "ok" or faster(stage, outcome.speed, best_outcome.speed)):
                     best, best_outcome = candidate, outcome
+        if shipped.status == "ok" and best != current and (
+                best_outcome.status != "ok" or not faster(stage, best_outcome.speed, shipped.speed)):
+            return current, shipped, shipped  # a change must beat the shipped settings by the margin
         return best, best_outcome, shipped
 
 

@@ -164,6 +164,42 @@ def test_on_a_gpu_the_search_measures_a_leaner_value_only_after_the_current_one_
     assert 2 in [s["train.train_batch_size"] for s in measured] and best["train.train_batch_size"] == 2
 
 
+def test_a_shipped_compile_is_paid_by_two_trials_and_a_change_must_beat_the_shipped_settings(prepared_project,
+                                                                                              monkeypatch, tmp_path):
+    """Shipped with compiled layers, the search measures the other knobs eager and compiles again only for
+    the last knob (mocked trial runner, as above: the figures are a table, the order is the search's). A
+    compile that wins keeps its place; an eager setting that ties the shipped compile leaves params alone."""
+    import grpo.tune as tune
+    from grpo.tuning.trial import Outcome, Workload
+
+    measured: list[dict] = []
+    raw = yaml.safe_load((prepared_project / "params.yaml").read_text())
+    raw = {**raw, "train": {**raw["train"], "compile_layers": True}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    def search(compiled_s: float) -> tuple[dict, dict]:
+        def fake_trial(project, scratch, raw, stage, settings, **kwargs) -> Outcome:
+            measured.append(settings)
+            return Outcome("ok", compiled_s if settings["train.compile_layers"] else 5.0)
+
+        monkeypatch.setattr(tune, "run_trial", fake_trial)
+        measured.clear()
+        (tmp_path / "cache.json").unlink(missing_ok=True)
+        tuner = tune.Tuner(tmp_path, raw, 64 * 2**30, False, tmp_path / "cache.json", workload=Workload(1),
+                           trial_s=60, prompt_tokens=64)
+        best, _, _ = tuner.search("train")
+        return best, tuner.params
+
+    best, _ = search(compiled_s=4.0)  # 20% faster compiled: the shipped compile stays
+    compiled = [s for s in measured if s["train.compile_layers"]]
+    assert len(compiled) == 1 and len(measured) > 3  # the shipped trial; the last knob's is the cached shipped one
+    assert best["train.compile_layers"] is True
+    best, _ = search(compiled_s=5.2)  # eager 4% faster: within the margin, so the shipped settings stay
+    assert best["train.compile_layers"] is True
+    best, _ = search(compiled_s=6.0)  # eager 17% faster: it wins
+    assert best["train.compile_layers"] is False
+
+
 def test_a_trial_spreads_the_first_steps_one_off_cost_over_the_users_run():
     """A setting that compiles for 25 s to make a 5 s step take 4 s: its warm-up step takes 29 s. By hand,
     over 500 steps (29 + 499 * 4) / 500 = 4.05 s a step against the eager 5.0, so it wins; over 8 steps

@@ -46,6 +46,12 @@ def leaner(key: str, value: Any, current: Any) -> bool:
     return order is not None and (value - current) * order < 0
 
 
+# Knobs whose value True costs every trial a one-off (a compile: 48-75 s on an H100 or H200, where a trial
+# is otherwise about 40 s; bench/RESULTS.md): the search measures the other knobs with it off and tries it
+# last (knob_values lists it last), so two trials pay it rather than every one.
+ONE_OFF_COSTS = ("train.compile_layers",)
+
+
 def _around(current: int, top: int) -> list[int]:
     return sorted({v for v in (current // 2, current, current * 2) if 1 <= v <= top})
 
@@ -84,8 +90,7 @@ def knob_values(stage: str, raw: dict[str, Any], gpu: bool) -> dict[str, list[An
         else:
             knobs["train.compute_dtype"] = _dtypes(t["compute_dtype"])
         # a compile paid once against seconds saved each step: the trial's figure spreads the first step's
-        # cost over the run (grpo/tuning/trial.py), so a short run keeps the eager layers. Last, because
-        # once it wins every later trial would pay its compile (75 s on an H100, bench/RESULTS.md)
+        # cost over the run (grpo/tuning/trial.py), so a short run keeps the eager layers (ONE_OFF_COSTS)
         knobs["train.compile_layers"] = [False, True]
         return knobs
     if stage in ("sent", "evaluate"):
