@@ -136,35 +136,15 @@ def run_stage(name: str, module: list[str], work: Path, logs: Path, *, cap_gib: 
     return result
 
 
-def longest_prompts(work: Path, raw: dict) -> dict[str, int]:
-    """Prompt tokens of the longest question each stage sees, through the project's own prompt builder."""
-    from grpo.config import parse_section
-    from grpo.io import read_jsonl
-    from grpo.model.loading import load_tokenizer
-    from grpo.prompts import PromptStyle, build_prompt
-
-    tok = load_tokenizer(work / "models" / "base")
-    style = PromptStyle.from_params(parse_section("prompt", raw.get("prompt") or {}))  # validated, as stages do
-
-    def longest(path: Path) -> int:
-        return max(len(tok(build_prompt(tok, row["question"], style), add_special_tokens=False)["input_ids"])
-                   for row in read_jsonl(path))
-
-    prepared = work / "data" / "prepared"
-    train = longest(prepared / "train.jsonl")
-    by = {"sent": train, "train": max(train, longest(prepared / "val.jsonl"))}
-    return by | {b: longest(prepared / "eval" / f"{b}.jsonl") for b in BENCHMARKS}
-
-
 def plans(work: Path, raw: dict, *, cuda: bool, budget: int) -> dict[str, dict]:
     """The memory plan of each stage's phases for the run's params, keyed by stage name."""
     from grpo.config import load_params
     from grpo.memory_plan import resolve_arch
-    from grpo.stage_plans import SECTIONS, largest_fitting, plan_stages
+    from grpo.stage_plans import SECTIONS, data_prompt_tokens, largest_fitting, plan_stages
 
     params = load_params(work / "params.yaml", SECTIONS)
     arch = resolve_arch(params["model"].source, base_dir=work / "models" / "base")
-    by = longest_prompts(work, raw)
+    by = data_prompt_tokens(work, raw)
     kwargs = {"cuda": cuda, "prompt_tokens": max(by.values()), "prompt_tokens_by": by, "budget": budget}
     planned: dict[str, dict] = {}
     for phase in plan_stages(params, arch, **kwargs):

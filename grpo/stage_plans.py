@@ -26,6 +26,7 @@ as the native engine, the fallback where vLLM does not import (the case that mus
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 from grpo.config import EvaluateParams, LoraParams, PrepareParams, ProtocolParams, SentParams
@@ -150,3 +151,30 @@ def largest_fitting(params: dict[str, Any], phase: Phase, arch: Arch, *, budget:
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if peak(mid) <= budget else (lo, mid - 1)
     return lo
+
+
+def data_prompt_tokens(project: Path, raw: dict) -> dict[str, int]:
+    """The longest prompt, in tokens, of the questions each stage reads from the project's
+    ``data/prepared`` (built by the project's own prompt builder and tokenizer): ``prompt_tokens_by``
+    for ``plan_stages``, where a plan should use the user's data rather than an assumed length."""
+    from grpo.config import parse_section
+    from grpo.io import read_jsonl
+    from grpo.model.loading import load_tokenizer
+    from grpo.prompts import PromptStyle, build_prompt
+
+    prepared = project / "data" / "prepared"
+    for need in (project / "models" / "base", prepared / "train.jsonl"):
+        if not need.exists():
+            raise FileNotFoundError(f"{need} not found: run `dvc repro prepare base_model` first")
+    tok = load_tokenizer(project / "models" / "base")
+    style = PromptStyle.from_params(parse_section("prompt", raw.get("prompt") or {}))
+
+    def longest(path: Path) -> int:
+        rows = read_jsonl(path) if path.exists() else []
+        return max((len(tok(build_prompt(tok, row["question"], style), add_special_tokens=False)["input_ids"])
+                    for row in rows), default=0)
+
+    train = longest(prepared / "train.jsonl")
+    by = {"sent": train, "train": max(train, longest(prepared / "val.jsonl"))}
+    benchmarks = (raw.get("prepare") or {}).get("benchmarks") or []
+    return by | {b: longest(prepared / "eval" / f"{b}.jsonl") for b in benchmarks}

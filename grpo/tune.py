@@ -37,7 +37,7 @@ from grpo.check import device_memory
 from grpo.config import ConfigError, load_params
 from grpo.io import atomic_write_json, atomic_write_text
 from grpo.memory_plan import GIB, resolve_arch
-from grpo.stage_plans import SECTIONS, plan_stages, with_param
+from grpo.stage_plans import SECTIONS, data_prompt_tokens, plan_stages, with_param
 from grpo.tuning.knobs import ONE_OFF_COSTS, SPEED, STAGES, current_settings, faster, knob_values, leaner
 from grpo.tuning.params_edit import update_params
 from grpo.tuning.trial import Outcome, Workload, run_seconds_a_step, run_trial
@@ -75,12 +75,15 @@ class Tuner:
     """Plans, runs and caches the trials of one (model, device, budget)."""
 
     def __init__(self, project: Path, raw: dict, budget: int, gpu: bool, cache: Path, *, workload: Workload,
-                 trial_s: float, prompt_tokens: int, run_steps: int | None = None) -> None:
+                 trial_s: float, prompt_tokens: int | None = None, run_steps: int | None = None) -> None:
         self.project, self.raw, self.budget, self.gpu = project, raw, budget, gpu
         self.params = load_params(project / "params.yaml", SECTIONS + ["prompt"])
         self.run_steps = run_steps or self.params["train"].max_steps
         self.arch = resolve_arch(self.params["model"].source)
-        self.cache_path, self.workload, self.trial_s, self.prompt_tokens = cache, workload, trial_s, prompt_tokens
+        self.cache_path, self.workload, self.trial_s = cache, workload, trial_s
+        # the plan prunes with the longest prompt of your data, unless told a length
+        self.prompts_by = {} if prompt_tokens else data_prompt_tokens(project, raw)
+        self.prompt_tokens = prompt_tokens or max(self.prompts_by.values())
         self.cache: dict[str, dict] = json.loads(cache.read_text()) if cache.exists() else {}
         self.rows: list[dict] = []
 
@@ -89,7 +92,8 @@ class Tuner:
         for key, value in settings.items():
             params = with_param(params, key, value)
         name = {"train": "train", "sent": "sent", "evaluate": f"evaluate base/{benchmark}"}[stage]
-        phases = plan_stages(params, self.arch, cuda=self.gpu, prompt_tokens=self.prompt_tokens, budget=self.budget)
+        phases = plan_stages(params, self.arch, cuda=self.gpu, prompt_tokens=self.prompt_tokens,
+                             prompt_tokens_by=self.prompts_by, budget=self.budget)
         return max((p.peak for p in phases if p.stage == name), default=0) / GIB
 
     def trial(self, stage: str, benchmark: str | None, settings: dict[str, Any], skip: str = "") -> Outcome:
@@ -194,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--questions", type=int, default=0, help="sent/evaluate rows a trial (default 2 batches)")
     parser.add_argument("--run-steps", type=int, help="rank training settings over a run of this many steps "
                         "(default: train.max_steps; one-off costs such as a compile are spread over it)")
-    parser.add_argument("--prompt-tokens", type=int, default=256, help="longest prompt the plan assumes")
+    parser.add_argument("--prompt-tokens", type=int, help="longest prompt the plan assumes (default: the "
+                        "longest in data/prepared, for each stage)")
     parser.add_argument("--write", action="store_true", help="write the winners into --params")
     args = parser.parse_args(argv)
     try:

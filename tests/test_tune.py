@@ -200,6 +200,30 @@ def test_a_shipped_compile_is_paid_by_two_trials_and_a_change_must_beat_the_ship
     assert best["train.compile_layers"] is False
 
 
+def test_the_tuners_plan_uses_the_longest_prompt_of_the_users_data(prepared_project):
+    """Without --prompt-tokens the plan prunes with the prompts in data/prepared: each stage's own longest
+    (validation's questions count for train), a plan that grows with the prompt it is given."""
+    import grpo.tune as tune
+    from grpo.stage_plans import data_prompt_tokens
+    from grpo.tuning.trial import Workload
+
+    raw = yaml.safe_load((prepared_project / "params.yaml").read_text())
+    by = data_prompt_tokens(prepared_project, raw)
+    assert set(by) == {"sent", "train", *raw["prepare"]["benchmarks"]}
+    assert 0 < by["sent"] <= by["train"] and all(v > 0 for v in by.values())
+
+    def plan(prompt_tokens: int | None) -> float:
+        tuner = tune.Tuner(prepared_project, raw, 8 * 2**30, True, prepared_project / "unused.json",
+                           workload=Workload(1), trial_s=60, prompt_tokens=prompt_tokens)
+        return tuner.planned_peak("train", None, {})
+
+    assert plan(None) == plan(by["train"]) < plan(4 * by["train"])
+    empty = prepared_project.parent / "no-data"
+    empty.mkdir(exist_ok=True)
+    with pytest.raises(FileNotFoundError, match="dvc repro prepare base_model"):
+        data_prompt_tokens(empty, raw)
+
+
 def test_a_trial_spreads_the_first_steps_one_off_cost_over_the_users_run():
     """A setting that compiles for 25 s to make a 5 s step take 4 s: its warm-up step takes 29 s. By hand,
     over 500 steps (29 + 499 * 4) / 500 = 4.05 s a step against the eager 5.0, so it wins; over 8 steps
