@@ -9,8 +9,8 @@ one-off costs spread over it; tokens/s over two generate calls for sent and eval
 kept before the next knob. On a GPU a value that only saves memory (a smaller batch, checkpointing on, the
 4-bit base for a dense copy) is measured only once the current setting fails (``leaner``), and a knob with a
 one-off cost (a compile) is searched last, the others with it off. A trial that runs out of memory (even one
-the engine absorbed by shrinking its batch) or fails is recorded and passed over, never fatal. Prints a table of
-every trial and the winner against the shipped settings; ``--write`` puts the winners into params.yaml,
+the engine absorbed by shrinking its batch) or fails is recorded and passed over, never fatal. Prints a table
+of every trial and the winner against the shipped settings; ``--write`` puts the winners into params.yaml,
 keeping its comments and order (they are also written beside the cache as ``<cache>.winners.json``, and the
 table as ``<cache>.txt``). Trials are cached in ``logs/tune/<model>-<device>-<budget>.json``, each under its
 settings and what else it depends on (the model, prompt and stage params, the project's code and torch's
