@@ -21,6 +21,7 @@ Needs ``models/base`` and ``data/prepared`` (``dvc repro prepare base_model``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import hashlib
 import json
@@ -103,7 +104,7 @@ class Tuner:
         key = json.dumps([stage, benchmark, settings, self.workload.__dict__, inputs], sort_keys=True)
         plan = self.planned_peak(stage, benchmark, settings)
         if key in self.cache:
-            outcome, source = self.rank(stage, Outcome(**self.cache[key])), "cached"
+            outcome, source = Outcome(**self.cache[key]), "cached"
         elif skip:
             outcome, source = Outcome("skipped", detail=skip), "search"
         elif plan > self.budget / GIB:
@@ -112,11 +113,12 @@ class Tuner:
             with tempfile.TemporaryDirectory(prefix="grpo-tune-") as scratch:
                 outcome = run_trial(self.project, Path(scratch), self.raw, stage, settings, benchmark=benchmark,
                                     workload=self.workload, cap_gib=self.budget / GIB if self.gpu else None,
-                                    timeout_s=self.trial_s, run_steps=self.run_steps)
+                                    timeout_s=self.trial_s)
                 self.keep_log(Path(scratch) / "trial.log", stage, settings)
             self.cache[key] = outcome.__dict__
             atomic_write_json(self.cache_path, self.cache)
             source = "measured"
+        outcome = self.rank(stage, outcome)
         self.rows.append({"stage": stage, "settings": settings, "plan_gib": round(plan, 2), "source": source,
                           **outcome.__dict__})
         print(f"  {stage:<8} {describe(settings, self.params)}: {outcome.status}"
@@ -124,11 +126,13 @@ class Tuner:
         return outcome
 
     def rank(self, stage: str, outcome: Outcome) -> Outcome:
-        """A cached training trial's speed over this run's length (measured under another ``max_steps``)."""
+        """The outcome as the search compares it: a training trial's seconds a step over this run's length
+        (its warm-up step's one-off costs spread over ``run_steps``; the cache keeps what was measured)."""
         figures = outcome.figures
-        if stage == "train" and "steady_s" in figures:
-            outcome.speed = run_seconds_a_step(figures["warm_up_s"], figures["steady_s"], self.run_steps)
-        return outcome
+        if stage != "train" or "steady_s" not in figures:
+            return outcome
+        return dataclasses.replace(outcome, speed=run_seconds_a_step(figures["warm_up_s"], figures["steady_s"],
+                                                                     self.run_steps))
 
     def keep_log(self, log: Path, stage: str, settings: dict[str, Any]) -> None:
         """The trial's output beside the cache (logs/tune/<cache>/<stage>-<settings>.log): why a trial

@@ -234,6 +234,21 @@ def test_a_trial_spreads_the_first_steps_one_off_cost_over_the_users_run():
     assert run_seconds_a_step(5, 5, 8) == pytest.approx(5.0)
 
 
+def test_a_training_trial_measures_the_steady_step_and_keeps_the_warm_up_beside_it(tmp_path):
+    """What a trial reports (and grpo.profile prints as the step) is the median step after the warm-up;
+    weighing the warm-up over a run is the tuner's ranking, not the measurement. By hand: steps of
+    10 (warm-up), 4, 6 and 5 s -> 5 s."""
+    from grpo.measured import TRAIN, write_log
+    from grpo.tuning.trial import measure
+
+    (tmp_path / TRAIN).parent.mkdir(parents=True)
+    write_log(tmp_path / TRAIN, {"steps": [{"time_generate_s": g, "time_train_s": t}
+                                           for g, t in ((6.0, 4.0), (1.5, 2.5), (2.0, 4.0), (2.0, 3.0))]})
+    speed, figures = measure(tmp_path, "train", None)
+    assert speed == pytest.approx(5.0) and figures["steady_s"] == pytest.approx(5.0)
+    assert figures["warm_up_s"] == pytest.approx(10.0) and figures["step_s"] == pytest.approx([4.0, 6.0, 5.0])
+
+
 def test_sent_engine_candidates_leave_out_what_auto_resolves_to():
     """`auto` stays a candidate (a tuned params file keeps choosing by capability); the other candidate is
     the engine `auto` does not pick here, never the same engine a second time under its own name."""

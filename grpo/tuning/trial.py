@@ -43,7 +43,7 @@ class Outcome:
     """What one trial gave: ``status`` ok | oom (an OOM was absorbed or ended it) | failed | timeout."""
 
     status: str
-    speed: float | None = None  # train: seconds a step (lower wins); sent, evaluate: tokens/s (higher wins)
+    speed: float | None = None  # train: steady seconds a step (lower wins); sent, evaluate: tokens/s (higher)
     peak_gib: float | None = None
     wall_s: float = 0.0
     detail: str = ""
@@ -117,19 +117,18 @@ def run_seconds_a_step(warm_up_s: float, steady_s: float, run_steps: int) -> flo
     return (warm_up_s + (run_steps - 1) * steady_s) / run_steps
 
 
-def measure(scratch: Path, stage: str, benchmark: str | None,
-            run_steps: int = 1) -> tuple[float | None, dict[str, Any]]:
-    """(speed, figures) from the stage's measured log. Train: seconds a step over a run of ``run_steps``
-    (``run_seconds_a_step``) from the warm-up step and the median of the steps after it (the median keeps
-    a one-off, such as a new prompt length's recompile, out of the steady figure). Sent and evaluate:
-    generated tokens per second."""
+def measure(scratch: Path, stage: str, benchmark: str | None) -> tuple[float | None, dict[str, Any]]:
+    """(speed, figures) from the stage's measured log. Train: the median step time after the warm-up step
+    (the median keeps a one-off, such as a new prompt length's recompile, out of the steady figure), with
+    the warm-up step's time among the figures (``run_seconds_a_step`` weighs the two for a run). Sent and
+    evaluate: generated tokens per second."""
     if stage == "train":
         steps = (read_log(scratch / TRAIN) or {}).get("steps", [])
         if len(steps) < 2:
             return None, {}
         times = [s["time_generate_s"] + s["time_train_s"] for s in steps]
         steady = statistics.median(times[1:])
-        return run_seconds_a_step(times[0], steady, run_steps), {
+        return steady, {
             "warm_up_s": times[0], "steady_s": steady, "step_s": times[1:],
             "generate_s": [round(s["time_generate_s"], 3) for s in steps[1:]],
             "train_s": [round(s["time_train_s"], 3) for s in steps[1:]]}
@@ -139,9 +138,8 @@ def measure(scratch: Path, stage: str, benchmark: str | None,
 
 def run_trial(project: Path, scratch: Path, raw: dict, stage: str, settings: dict[str, Any], *,
               benchmark: str | None = None, workload: Workload = Workload(), cap_gib: float | None = None,
-              timeout_s: float = 600.0, profile_dir: Path | None = None, run_steps: int = 1) -> Outcome:
-    """Run one trial of ``stage`` with ``settings``; never raises for what the stage does. A training
-    trial's speed is seconds a step over a run of ``run_steps`` (``run_seconds_a_step``). With
+              timeout_s: float = 600.0, profile_dir: Path | None = None) -> Outcome:
+    """Run one trial of ``stage`` with ``settings``; never raises for what the stage does. With
     ``profile_dir`` the run is profiled into it (grpo/profile.py)."""
     make_scratch(project, scratch, trial_params(raw, stage, settings, workload), stage, benchmark, workload)
     result = scratch / "trial_result.json"
@@ -158,7 +156,7 @@ def run_trial(project: Path, scratch: Path, raw: dict, stage: str, settings: dic
     wall = time.perf_counter() - t0
     (scratch / "trial.log").write_text(proc.stdout + proc.stderr)
     child = json.loads(result.read_text()) if result.exists() else {"rc": proc.returncode}
-    speed, figures = measure(scratch, stage, benchmark, run_steps)
+    speed, figures = measure(scratch, stage, benchmark)
     peak = child.get("peak_allocated_gib")
     ooms = child.get("oom_events", 0) + child.get("cuda_ooms", 0)
     if child["rc"] != 0 or ooms:
