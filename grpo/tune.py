@@ -3,19 +3,20 @@
 
 For each stage it searches the knobs that trade memory for speed (grpo/tuning/knobs.py) one at a time,
 starting from the params as they are: every candidate value of a knob is first planned (grpo/stage_plans.py,
-against the budget) and pruned if it cannot fit, then measured by a short real run of the stage on your model
-and data (grpo/tuning/trial.py: for train the seconds a step over a run of train.max_steps, the warm-up step's
-one-off costs spread over it; tokens/s over two generate calls for sent and evaluate); the best value found is
-kept before the next knob. On a GPU a value that only saves memory (a smaller batch, checkpointing on, the
-4-bit base for a dense copy) is measured only once the current setting fails (``leaner``), and a knob with a
-one-off cost (a compile) is searched last, the others with it off. A trial that runs out of memory (even one
-the engine absorbed by shrinking its batch) or fails is recorded and passed over, never fatal. Prints a table
-of every trial and the winner against the shipped settings; ``--write`` puts the winners into params.yaml,
-keeping its comments and order (they are also written beside the cache as ``<cache>.winners.json``, and the
-table as ``<cache>.txt``). Trials are cached in ``logs/tune/<model>-<device>-<budget>.json``, each under its
-settings and what else it depends on (the model, prompt and stage params, the project's code and torch's
-version: ``trial_inputs``), so a rerun measures nothing again, even after ``--write``, while a changed param
-or an updated project re-measures.
+against the budget) and pruned if it cannot fit, in which case it is planned again with the batch of its phase
+that is over the budget cut to what fits (checkpointing off or a dense copy may win at a smaller micro-batch);
+what fits is measured by a short real run of the stage on your model and data (grpo/tuning/trial.py: for train
+the seconds a step over a run of train.max_steps, the warm-up step's one-off costs spread over it; tokens/s
+over two generate calls for sent and evaluate); the best value found is kept before the next knob. On a GPU a
+value that only saves memory (a smaller batch, checkpointing on, the 4-bit base for a dense copy) is measured
+only once the current setting fails (``leaner``), and a knob with a one-off cost (a compile) is searched last,
+the others with it off. A trial that runs out of memory (even one the engine absorbed by shrinking its batch)
+or fails is recorded and passed over, never fatal. Prints a table of every trial and the winner against the
+shipped settings; ``--write`` puts the winners into params.yaml, keeping its comments and order (they are also
+written beside the cache as ``<cache>.winners.json``, and the table as ``<cache>.txt``). Trials are cached in
+``logs/tune/<model>-<device>-<budget>.json``, each under its settings and what else it depends on (the model,
+prompt and stage params, the project's code and torch's version: ``trial_inputs``), so a rerun measures
+nothing again, even after ``--write``, while a changed param or an updated project re-measures.
 Needs ``models/base`` and ``data/prepared`` (``dvc repro prepare base_model``).
 """
 from __future__ import annotations
@@ -37,8 +38,8 @@ import yaml
 from grpo.check import device_memory
 from grpo.config import ConfigError, load_params
 from grpo.io import atomic_write_json, atomic_write_text
-from grpo.memory_plan import GIB, resolve_arch
-from grpo.stage_plans import SECTIONS, data_prompt_tokens, plan_stages, with_param
+from grpo.memory_plan import GIB, Phase, resolve_arch
+from grpo.stage_plans import SECTIONS, data_prompt_tokens, largest_fitting, plan_stages, with_param
 from grpo.tuning.knobs import ONE_OFF_COSTS, SPEED, STAGES, current_settings, faster, knob_values, leaner
 from grpo.tuning.params_edit import update_params
 from grpo.tuning.trial import Outcome, Workload, run_seconds_a_step, run_trial
@@ -88,14 +89,38 @@ class Tuner:
         self.cache: dict[str, dict] = json.loads(cache.read_text()) if cache.exists() else {}
         self.rows: list[dict] = []
 
-    def planned_peak(self, stage: str, benchmark: str | None, settings: dict[str, Any]) -> float:
+    def plan(self, stage: str, benchmark: str | None, settings: dict[str, Any]) -> tuple[dict[str, Any], list[Phase]]:
+        """(the params with ``settings`` applied, the planned phases of the stage a trial runs)."""
         params = self.params
         for key, value in settings.items():
             params = with_param(params, key, value)
         name = {"train": "train", "sent": "sent", "evaluate": f"evaluate base/{benchmark}"}[stage]
-        phases = plan_stages(params, self.arch, cuda=self.gpu, prompt_tokens=self.prompt_tokens,
-                             prompt_tokens_by=self.prompts_by, budget=self.budget)
-        return max((p.peak for p in phases if p.stage == name), default=0) / GIB
+        phases = plan_stages(params, self.arch, **self.plan_kwargs())
+        return params, [p for p in phases if p.stage == name]
+
+    def plan_kwargs(self) -> dict[str, Any]:
+        return {"cuda": self.gpu, "prompt_tokens": self.prompt_tokens, "prompt_tokens_by": self.prompts_by,
+                "budget": self.budget}
+
+    def planned_peak(self, stage: str, benchmark: str | None, settings: dict[str, Any]) -> float:
+        return max((p.peak for p in self.plan(stage, benchmark, settings)[1]), default=0) / GIB
+
+    def shrunk_to_fit(self, stage: str, benchmark: str | None, settings: dict[str, Any],
+                      changed: str) -> dict[str, Any] | None:
+        """``settings``, which the plan prunes, with the batch knob of its largest phase over the budget
+        cut to the largest value that fits (grpo.stage_plans.largest_fitting), so that a knob that costs
+        memory (checkpointing off, a dense copy) is still measured where a smaller micro-batch makes room
+        for it. None when the phase's knob is the one that ``changed``, is not searched, or not even 1 fits."""
+        params, phases = self.plan(stage, benchmark, settings)
+        over = [p for p in phases if p.peak > self.budget]
+        if not over:
+            return None
+        phase = max(over, key=lambda p: p.peak)
+        if phase.knob == changed or phase.knob not in settings:
+            return None
+        value = largest_fitting(params, phase, self.arch, **self.plan_kwargs())
+        shrunk = {**settings, phase.knob: value}
+        return shrunk if value >= 1 and self.planned_peak(stage, benchmark, shrunk) <= self.budget / GIB else None
 
     def trial(self, stage: str, benchmark: str | None, settings: dict[str, Any], skip: str = "") -> Outcome:
         """Measure (or read from the cache, or prune by the plan) one setting; ``skip``: record it
@@ -159,6 +184,10 @@ class Tuner:
                 skip = ("only saves memory, and a setting that needs more ran cleanly"
                         if self.gpu and best_outcome.status == "ok" and leaner(key, value, best[key]) else "")
                 outcome = self.trial(stage, benchmark, candidate, skip)
+                if outcome.status == "pruned":
+                    shrunk = self.shrunk_to_fit(stage, benchmark, candidate, key)
+                    if shrunk is not None:
+                        candidate, outcome = shrunk, self.trial(stage, benchmark, shrunk)
                 if outcome.status == "ok" and outcome.speed is not None and (
                         best_outcome.status != "ok" or faster(stage, outcome.speed, best_outcome.speed)):
                     best, best_outcome = candidate, outcome

@@ -208,6 +208,46 @@ def test_a_shipped_compile_is_paid_by_two_trials_and_a_change_must_beat_the_ship
     assert best["train.compile_layers"] is False
 
 
+def test_a_pruned_setting_is_measured_again_at_the_micro_batch_that_fits(prepared_project, monkeypatch, tmp_path):
+    """A dense training copy does not fit the budget at the shipped micro-batch of 2 but does at 1: the
+    search plans it again with the training phase's batch cut to what fits and measures that (mocked trial
+    runner, as above: the figures are a table, the plan is the real one); a larger micro-batch, the knob
+    that overflows, is not cut back to itself."""
+    import grpo.tune as tune
+    from grpo.tuning.trial import Outcome, Workload
+
+    measured: list[dict] = []
+
+    def fake_trial(project, scratch, raw, stage, settings, **kwargs) -> Outcome:
+        measured.append(settings)
+        return Outcome("ok", 4.0 if settings["train.dense_training"] else 5.0)
+
+    monkeypatch.setattr(tune, "run_trial", fake_trial)
+    raw = yaml.safe_load((prepared_project / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    def tuner(budget: int) -> tune.Tuner:
+        return tune.Tuner(tmp_path, raw, budget, True, tmp_path / f"cache-{budget}.json", workload=Workload(1),
+                          trial_s=60, prompt_tokens=64)
+
+    probe = tuner(64 * 2**30)
+    shipped = probe.planned_peak("train", None, {})
+    assert probe.params["train"].train_batch_size == 2 and not probe.params["train"].dense_training
+    dense_at = {size: probe.planned_peak("train", None, {"train.dense_training": True, "train.train_batch_size": size})
+                for size in (1, 2)}
+    assert dense_at[1] < shipped < dense_at[2]  # the copy costs more than halving the micro-batch saves
+    budget = int((shipped + dense_at[2]) / 2 * 2**30)
+    search = tuner(budget)
+    best, outcome, _ = search.search("train")
+    assert {"train.dense_training": True, "train.train_batch_size": 1}.items() <= best.items() and outcome.speed == 4.0
+    rows = [(r["settings"]["train.dense_training"], r["settings"]["train.train_batch_size"], r["status"])
+            for r in search.rows if r["settings"]["train.dense_training"]]
+    assert rows[:2] == [(True, 2, "pruned"), (True, 1, "ok")]
+    assert all(s["train.train_batch_size"] <= 2 for s in measured)  # micro-batch 4 was pruned, never cut to 2 and run
+    assert any(r["settings"]["train.train_batch_size"] == 4 and r["status"] == "pruned" for r in search.rows)
+    assert search.shrunk_to_fit("train", None, {**best, "train.train_batch_size": 4}, "train.train_batch_size") is None
+
+
 def test_the_tuners_plan_uses_the_longest_prompt_of_the_users_data(prepared_project):
     """Without --prompt-tokens the plan prunes with the prompts in data/prepared: each stage's own longest
     (validation's questions count for train), a plan that grows with the prompt it is given."""
