@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from grpo.cli import positive_number, whole_number
 from grpo.config import ConfigError, load_params
 from grpo.hardware import describe_cpu
 from grpo.memory_plan import GIB, Phase, resolve_arch
@@ -98,8 +99,8 @@ def over_budget(phase: Phase, budget: int, source: str, fitting: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo.check", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--budget-gib", type=float, help="memory to plan against (default: the device's)")
-    parser.add_argument("--prompt-tokens", type=int, default=256, help="longest prompt to plan for (default 256)")
+    parser.add_argument("--budget-gib", type=positive_number, help="memory to plan against (default: the device's)")
+    parser.add_argument("--prompt-tokens", type=whole_number(1), default=256, help="longest prompt to plan for (default 256)")
     args = parser.parse_args(argv)
     try:
         params = load_params(args.params, SECTIONS)

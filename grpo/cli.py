@@ -17,6 +17,31 @@ from grpo.launch import relaunch_if_asked
 from grpo.slots import take_slot
 
 
+def whole_number(minimum: int) -> Callable[[str], int]:
+    """An argparse ``type`` for a count: a whole number of at least ``minimum`` (argparse names the flag
+    in its error and exits 2)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = minimum - 1
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"expected a whole number of at least {minimum}, got {text!r}")
+        return value
+    return parse
+
+
+def positive_number(text: str) -> float:
+    """An argparse ``type`` for a size or a time: a finite number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+    return value
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)

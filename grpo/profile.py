@@ -33,6 +33,7 @@ from typing import Any, Iterator
 
 import yaml
 
+from grpo.cli import positive_number, whole_number
 from grpo.measured import TRAIN, read_log
 
 PHASES = ("generate", "score", "train", "train_micro_batch", "optimizer")
@@ -237,10 +238,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="python -m grpo.profile", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--steps", type=int, default=2, help="profiled steps after one warm-up step")
+    parser.add_argument("--steps", type=whole_number(1), default=2, help="profiled steps after one warm-up step")
     parser.add_argument("--out", type=Path, default=Path("logs/profile"))
-    parser.add_argument("--budget-gib", type=float, help="cap the CUDA allocator (a smaller card)")
-    parser.add_argument("--timeout-s", type=float, default=1800.0)
+    parser.add_argument("--budget-gib", type=positive_number, help="cap the CUDA allocator (a smaller card)")
+    parser.add_argument("--timeout-s", type=positive_number, default=1800.0)
     args = parser.parse_args(argv)
     try:
         raw = yaml.safe_load(args.params.read_text())

@@ -36,6 +36,7 @@ import torch
 import yaml
 
 from grpo.check import device_memory
+from grpo.cli import positive_number, whole_number
 from grpo.config import ConfigError, load_params
 from grpo.io import atomic_write_json, atomic_write_text
 from grpo.memory_plan import GIB, Phase, resolve_arch
@@ -220,29 +221,18 @@ def table(rows: list[dict], params: dict[str, Any]) -> list[str]:
     return lines
 
 
-def at_least_one(text: str) -> int:
-    """argparse type for counts of steps and tokens: a whole number of at least 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
-    return value
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m grpo.tune", description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=Path, default=Path("params.yaml"))
-    parser.add_argument("--budget-gib", type=float, help="memory to fit (default: the device's; on a GPU "
+    parser.add_argument("--budget-gib", type=positive_number, help="memory to fit (default: the device's; on a GPU "
                         "each trial's allocator is capped to it)")
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
-    parser.add_argument("--trials-s", type=float, default=600.0, help="a trial's time limit (default 600 s)")
-    parser.add_argument("--steps", type=at_least_one, default=2, help="training steps measured after one warm-up step")
-    parser.add_argument("--questions", type=int, default=0, help="sent/evaluate rows a trial (default 2 batches)")
-    parser.add_argument("--run-steps", type=at_least_one, help="rank training settings over a run of this many steps "
+    parser.add_argument("--trials-s", type=positive_number, default=600.0, help="a trial's time limit (default 600 s)")
+    parser.add_argument("--steps", type=whole_number(1), default=2, help="training steps measured after one warm-up step")
+    parser.add_argument("--questions", type=whole_number(0), default=0, help="sent/evaluate rows a trial (default 2 batches)")
+    parser.add_argument("--run-steps", type=whole_number(1), help="rank training settings over a run of this many steps "
                         "(default: train.max_steps; one-off costs such as a compile are spread over it)")
-    parser.add_argument("--prompt-tokens", type=at_least_one, help="longest prompt the plan assumes (default: the "
+    parser.add_argument("--prompt-tokens", type=whole_number(1), help="longest prompt the plan assumes (default: the "
                         "longest in data/prepared, for each stage)")
     parser.add_argument("--write", action="store_true", help="write the winners into --params")
     args = parser.parse_args(argv)

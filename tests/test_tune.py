@@ -106,14 +106,6 @@ def test_tune_rejects_an_unknown_stage(prepared_project, capsys):
     assert "--stages: unknown stage 'trian'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", ["--run-steps", "--steps", "--prompt-tokens"])
-def test_tune_rejects_a_count_below_one_naming_the_flag(prepared_project, capsys, flag):
-    with pytest.raises(SystemExit) as exit_:
-        tune_main(["--params", str(prepared_project / "params.yaml"), flag, "-3"])
-    assert exit_.value.code == 2
-    assert f"argument {flag}: expected a whole number of at least 1, got '-3'" in capsys.readouterr().err
-
-
 def test_knob_candidates_hold_the_current_value_and_stay_within_a_step():
     raw = {"train": {"prompts_per_step": 4, "group_size": 4, "generation_batch_size": 8, "train_batch_size": 16,
                      "quantization": "nf4", "compute_dtype": "float32", "logprob_chunk_size": 1024}}
