@@ -12,7 +12,8 @@ table of one 64-row, 128-token call from torch.profiler (CUPTI records the kerne
 kernels per decode step, their summed time per step and the top kernels. Writes
 $OUT/decode_speed_<label>.json (default bench/results/). ``--compile-mode`` recompiles the decoder's layer
 parts in another torch.compile mode (an experiment: max-autotune lets inductor time Triton matmul templates
-against cuBLAS for the skinny decode matmuls).
+against cuBLAS for the skinny decode matmuls). ``--read-4bit-mlp`` decodes with the MLP read in 4 bits
+(grpo/kernels/matmul_4bit.py) instead of a dense copy.
 """
 from __future__ import annotations
 
@@ -59,14 +60,16 @@ def main() -> None:
     parser.add_argument("--label", default="new")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--compile-mode", default=None)
+    parser.add_argument("--read-4bit-mlp", action="store_true", help="the MLP read in 4 bits (train.generation_mlp_4bit)")
     args = parser.parse_args()
     from grpo.rollout.static_decode import StaticDecoder
 
     res: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "label": args.label,
                  "tree": os.environ.get("GRPO_TREE", "this")}
     policy = add_lora(load_base("nf4"))
-    decoder = StaticDecoder(policy, merge_lora=True)
+    decoder = StaticDecoder(policy, merge_lora=True, **({"read_4bit_mlp": True} if args.read_4bit_mlp else {}))
     res["fused_attention"] = getattr(decoder, "fused", False)
+    res["read_4bit_mlp"] = getattr(decoder, "read_4bit_mlp", False)
     if args.compile_mode:
         from grpo.rollout.static_layers import output_and_mlp, qkv_projection
 

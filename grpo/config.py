@@ -203,6 +203,9 @@ class TrainParams:
     # auto = static on CUDA, generate elsewhere. merge_lora folds LoRA into a dense copy of its layers.
     generation_backend: str = _check(one_of(*GENERATION_BACKENDS), default="auto")
     generation_merge_lora: bool = True
+    # the static decoder reads a 4-bit MLP in 4 bits with Triton kernels (grpo/kernels/matmul_4bit.py) instead of
+    # de-quantising it into a dense copy: fewer bytes a decode step, the copy's memory free; grpo.tune measures it
+    generation_mlp_4bit: bool = False
     train_batch_size: int = _check(positive, default=8)  # sequences per training micro-batch
     # train through a dense copy of the frozen 4-bit base, made once a step (grpo/model/dequant.py): fewer,
     # larger kernels than de-quantising in every pass; the copy's memory while training (grpo.check, grpo.tune)

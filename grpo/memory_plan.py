@@ -8,8 +8,8 @@ stage's params onto them:
 - generation (``plan_generation``, shared by sent, the train rollouts and validation, evaluate and
   ``grpo.infer``): on CUDA the static decoder (grpo/rollout/static_decode.py) holds ``decoder_copy``
   while it generates: a dense copy of 4-bit linear weights (once: q/k/v and the MLP's gate/up are
-  de-quantised into their concatenations), or of an unquantised base the concatenated q/k/v and the
-  layers whose LoRA it merges. Each of the ``sequences`` concurrent sequences (the decoder's slots) has
+  de-quantised into their concatenations; with ``train.generation_mlp_4bit`` the MLP is read in 4 bits
+  and not copied), or of an unquantised base the concatenated q/k/v and the layers whose LoRA it merges. Each of the ``sequences`` concurrent sequences (the decoder's slots) has
   a KV cache of prompt + new tokens, rounded up to the cache bucket; ``decode_step`` is one decode step's
   logits and sampling buffers (attention scores over the cache only where the Triton decode-attention
   kernel cannot take the head layout: it keeps them in registers); ``prefill`` is the prompt pass
@@ -40,6 +40,7 @@ GIB = 1024**3
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 # nf4 with double quantisation: 4 bits + an 8-bit absmax per 64 weights + an fp32 per 256 absmax blocks
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+BLOCKSIZE_4BIT = 64  # values an absmax (the loader's bitsandbytes default)
 CUDA_RUNTIME_BYTES = int(0.75 * GIB)  # CUDA context, cuBLAS workspaces, allocator slack
 # what GPU generation leaves unplanned when it sizes its rows in flight: cuBLAS workspaces, CUDA graph
 # pools, fragmentation (grpo/rollout/budget.py)
@@ -164,32 +165,41 @@ def sampling_bytes_per_logit(dtype: str, *, greedy: bool, top_p: float, top_k: i
 
 def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, prompt_tokens: int,
                     new_tokens: int, static_decoder: bool, lora_targets: tuple[str, ...] = (),
-                    merge_lora: bool = True, greedy: bool = False, top_p: float = 1.0, top_k: int = 0,
-                    prefill_rows: int | None = None) -> dict[str, int]:
+                    merge_lora: bool = True, read_4bit_mlp: bool = False, greedy: bool = False, top_p: float = 1.0,
+                    top_k: int = 0, prefill_rows: int | None = None) -> dict[str, int]:
     """The generation phase's own components (bytes): decoder_copy, kv_cache, decode_step, prefill.
 
     ``sequences`` decode concurrently (the static decoder's slots), each with a cache of the longest
     prompt (``prompt_tokens``) + ``new_tokens``; ``prefill_rows`` prompts are prefilled at once
     (default: all ``sequences``). ``lora_targets`` are the LoRA layers on the model (merged into the
-    decoder's copy when ``merge_lora``, for the layers it merges)."""
+    decoder's copy when ``merge_lora``, for the layers it merges). ``read_4bit_mlp``: the decoder reads a
+    4-bit MLP without LoRA in 4 bits (grpo/kernels/matmul_4bit.py): no copy of it, an fp32 absmax a block
+    of 64 instead, and one layer's MLP de-quantised at a time while a prompt is prefilled."""
     dt = DTYPE_BYTES[dtype]
     shapes = arch.linear_shapes()
     prefill_rows = sequences if prefill_rows is None else prefill_rows
     tokens = prompt_tokens + new_tokens
-    decoder = 0
+    decoder = prefill_copy = 0
     if static_decoder:
         tokens = -(-tokens // CACHE_BUCKET) * CACHE_BUCKET  # the static cache is allocated whole, in buckets
         def size(*names: str) -> int:
             return sum(shapes[n][0] * shapes[n][1] for n in names)
 
+        mlp = ("gate_proj", "up_proj", "down_proj")
+        four_bit_mlp = read_4bit_mlp and not set(mlp) & set(lora_targets)
+        # a 4-bit MLP read in 4 bits is de-quantised one layer at a time while a prompt is prefilled
+        prefill_copy = size(*mlp) * dt if four_bit_mlp else 0
         if quantised:  # every layer de-quantised once, LoRA merged into those copies
             per_layer = size(*shapes)
+            if four_bit_mlp:  # no copy of the MLP: its fp32 absmax, one a block, once undone from 8 bits
+                per_layer -= size(*mlp)
+                decoder = arch.num_hidden_layers * size(*mlp) // BLOCKSIZE_4BIT * 4
         else:  # grpo/rollout/static_layers.py: q/k/v concatenated; MLP adapters always merged, gate with up
             merged_o = merge_lora and "o_proj" in lora_targets
             per_layer = size("q_proj", "k_proj", "v_proj") + (size("o_proj") if merged_o else 0)
             per_layer += size("gate_proj", "up_proj") if {"gate_proj", "up_proj"} & set(lora_targets) else 0
             per_layer += size("down_proj") if "down_proj" in lora_targets else 0
-        decoder = arch.num_hidden_layers * per_layer * dt
+        decoder += arch.num_hidden_layers * per_layer * dt
     kv = sequences * tokens * arch.kv_values_per_token * dt
     logits = sequences * arch.vocab_size * sampling_bytes_per_logit(dtype, greedy=greedy, top_p=top_p, top_k=top_k)
     # explicit attention (static decoder's prefill, and its decode step where the Triton kernel cannot
@@ -198,7 +208,7 @@ def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, 
     attention = arch.num_attention_heads * (2 * 4 + dt) if static_decoder else 0
     fused = layout_supported(arch.head_dim, arch.num_attention_heads // arch.num_key_value_heads)
     step = logits + (0 if fused else sequences * tokens * attention)
-    prefill = prefill_rows * prompt_tokens * (3 * arch.intermediate_size * dt + prompt_tokens * attention)
+    prefill = prefill_rows * prompt_tokens * (3 * arch.intermediate_size * dt + prompt_tokens * attention) + prefill_copy
     return {"decoder_copy": decoder, "kv_cache": kv, "decode_step": step, "prefill": prefill}
 
 
@@ -286,7 +296,8 @@ def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens
     in_flight, generation = fitted_generation(
         arch, p.generation_batch_size, budget if cuda else None, sum(v for _, v in resident), dtype=compute_dtype,
         quantised=quantised, prompt_tokens=prompt_tokens, new_tokens=new_tokens, static_decoder=static,
-        lora_targets=tuple(p.lora.targets), merge_lora=p.generation_merge_lora, top_p=p.top_p, top_k=p.top_k)
+        lora_targets=tuple(p.lora.targets), merge_lora=p.generation_merge_lora, read_4bit_mlp=p.generation_mlp_4bit,
+        top_p=p.top_p, top_k=p.top_k)
     training = plan_training(arch, p, dtype=compute_dtype, prompt_tokens=prompt_tokens, cuda=cuda)
     # train.dense_training: the step's own dense copy while it trains (freed before the next rollouts), unless
     # generation keeps one between steps (counted above)

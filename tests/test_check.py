@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from grpo.config import EvaluateParams, LoraParams, PrepareParams, ProtocolParams, TrainParams, load_params
-from grpo.memory_plan import (CUDA_RUNTIME_BYTES, GENERATION_MARGIN, GIB, Arch, Phase, lora_params, max_slots, plan_generation, plan_memory,
-                              resolve_arch, weight_bytes)
+from grpo.memory_plan import (CUDA_RUNTIME_BYTES, GENERATION_MARGIN, GIB, KNOWN_ARCHS, Arch, Phase, lora_params,
+                              max_slots, plan_generation, plan_memory, resolve_arch, weight_bytes)
 from grpo.stage_plans import SECTIONS, largest_fitting, plan_evaluate, plan_stages, with_param
 from tests.conftest import ROOT
 
@@ -127,6 +127,23 @@ def test_decoder_rows_follow_what_the_decoder_copies_and_computes():
     fused = plan_generation(ARCH, **shape)["decode_step"]
     assert fused == 2 * 1000 * 22
     assert plan_generation(dataclasses.replace(ARCH, head_dim=48), **shape)["decode_step"] == fused + 2 * 128 * 4 * 10
+
+
+def test_a_4bit_mlp_read_in_4_bits_is_not_copied():
+    """``read_4bit_mlp`` at the R1-Distill-1.5B shape, by hand: the decoder copies q/k/v and o only (28 x
+    5,505,024 bf16 values) and keeps an fp32 absmax a block of 64 MLP values (28 x 41,287,680 / 64 x 4
+    bytes); a prompt's pass de-quantises one layer's MLP (41,287,680 bf16 values). With LoRA on the MLP
+    it is copied and merged as before."""
+    r1 = KNOWN_ARCHS["deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"]
+    shape = dict(dtype="bfloat16", quantised=True, sequences=64, prompt_tokens=119, new_tokens=768,
+                 static_decoder=True, lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"))
+    copied, read = plan_generation(r1, **shape), plan_generation(r1, read_4bit_mlp=True, **shape)
+    assert copied["decoder_copy"] == 28 * 46_792_704 * 2
+    assert read["decoder_copy"] == 28 * 5_505_024 * 2 + 28 * 41_287_680 // 64 * 4 == 380_534_784
+    assert read["prefill"] == copied["prefill"] + 41_287_680 * 2
+    assert read["kv_cache"] == copied["kv_cache"] and read["decode_step"] == copied["decode_step"]
+    mlp_lora = dict(shape, lora_targets=("q_proj", "down_proj"))
+    assert plan_generation(r1, read_4bit_mlp=True, **mlp_lora) == plan_generation(r1, **mlp_lora)
 
 
 def test_arch_counts_match_a_real_model(tiny_model_dir):

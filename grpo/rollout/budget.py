@@ -41,7 +41,7 @@ def cuda_bytes_left(device: torch.device) -> int:
 
 
 def slots_for_model(model: torch.nn.Module, *, static_decoder: bool, lora_targets: tuple[str, ...],
-                    merge_lora: bool) -> Callable[[int, "SamplingParams"], int]:
+                    merge_lora: bool, read_4bit_mlp: bool = False) -> Callable[[int, "SamplingParams"], int]:
     """``max_slots_for`` for NativeEngine over ``model`` on a GPU: (longest prompt, sampling) -> the rows
     that fit in the memory left now (0 when not even one does)."""
     arch = Arch.from_config(model.config.to_dict())
@@ -51,7 +51,8 @@ def slots_for_model(model: torch.nn.Module, *, static_decoder: bool, lora_target
         left = cuda_bytes_left(model.device)
         fitting = generation_slots(arch, left, dtype=dtype, quantised=False, prompt_tokens=prompt_tokens,
                                  new_tokens=params.max_new_tokens, static_decoder=static_decoder,
-                                 lora_targets=lora_targets, merge_lora=merge_lora, greedy=params.temperature == 0,
+                                 lora_targets=lora_targets, merge_lora=merge_lora, read_4bit_mlp=read_4bit_mlp,
+                                 greedy=params.temperature == 0,
                                  top_p=params.top_p, top_k=params.top_k)
         log.info("generation budget: %.2f GiB left, %d sequences of %d + %d tokens fit", left / GIB, fitting,
                  prompt_tokens, params.max_new_tokens)

@@ -62,7 +62,7 @@ class NativeEngine:
     buckets); by default one is built over ``model`` on first use."""
 
     def __init__(self, model, tokenizer, *, batch_size: int, backend: str = "auto", merge_lora: bool = True,
-                 release_dense: bool = True, size: AdaptiveBatchSize | None = None,
+                 read_4bit_mlp: bool = False, release_dense: bool = True, size: AdaptiveBatchSize | None = None,
                  fault_hook: FaultHook | None = None, max_slots_for: Callable[[int, SamplingParams], int] | None = None,
                  decoder: StaticDecoder | None = None) -> None:
         if batch_size < 1:
@@ -77,6 +77,7 @@ class NativeEngine:
         # release_dense: the static decoder frees its dense weight copies after each generate() call,
         # so training does not carry them (measured in bench/RESULTS.md, GPU section)
         self.backend, self.merge_lora, self.release_dense = backend, merge_lora, release_dense
+        self.read_4bit_mlp = read_4bit_mlp  # the static decoder's (grpo/rollout/static_layers.py)
         self._decoder: StaticDecoder | None = decoder
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
@@ -130,7 +131,8 @@ class NativeEngine:
             # on a GPU every call sizes its rows in flight from the memory left (grpo/rollout/budget.py)
             targets = tuple(sorted({name.rsplit(".", 1)[-1] for name in lora_modules(self.model)}))
             self.max_slots_for = slots_for_model(self.model, static_decoder=decoder is not None,
-                                                 lora_targets=targets, merge_lora=self.merge_lora)
+                                                 lora_targets=targets, merge_lora=self.merge_lora,
+                                                 read_4bit_mlp=decoder is not None and decoder.read_4bit_mlp)
         try:
             with torch.no_grad(), tqdm(total=len(rows), desc="generate", unit="seq", disable=not progress) as bar:
                 done = self._generate_rows(rows, keys, params, decoder, bar.update)
@@ -210,7 +212,7 @@ class NativeEngine:
         if not use:
             return None
         if self._decoder is None or self._decoder.model is not self.model:
-            self._decoder = StaticDecoder(self.model, merge_lora=self.merge_lora)
+            self._decoder = StaticDecoder(self.model, merge_lora=self.merge_lora, read_4bit_mlp=self.read_4bit_mlp)
         else:
             self._decoder.refresh()  # the policy's LoRA weights changed since the last call
         return self._decoder

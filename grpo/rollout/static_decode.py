@@ -28,17 +28,21 @@ same tokens as the HF ``generate`` path of grpo.rollout.native for equal logits.
 """
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import torch
 from torch import Tensor
 
 from grpo.kernels.decode_attention import decode_attention, fused_supported
+from grpo.kernels.matmul_4bit import supported as supported_4bit
 from grpo.model.dequant import drop_dense_copies, linear4bit_modules
 from grpo.rollout.sampling import row_keys, sample
 from grpo.rollout.slots import SlotSchedule, Wave
-from grpo.rollout.static_layers import (attend, heads, layer_weights, output_and_mlp, qkv_projection,
-                                        torch_decode_attention)
+from grpo.rollout.static_layers import (Mlp4bit, attend, heads, layer_weights, output_and_mlp, output_projection,
+                                        qkv_projection, torch_decode_attention)
+
+log = logging.getLogger(__name__)
 
 CACHE_BUCKET = 128  # KV cache lengths are multiples of this (and, without the Triton kernel, one graph per bucket)
 
@@ -61,16 +65,17 @@ def supports(model: torch.nn.Module) -> str | None:
 
 class StaticDecoder:
     """Prefill plus graph-replayed decode over the weights of ``model`` (dense copies where the base is
-    4-bit, merged copies of LoRA layers when ``merge_lora``). Call ``refresh()`` after LoRA changes.
+    4-bit, merged copies of LoRA layers when ``merge_lora``; with ``read_4bit_mlp``, where Triton runs, a
+    4-bit MLP without LoRA is read in 4 bits instead of copied). Call ``refresh()`` after LoRA changes.
 
     On CUDA (``compile``) the parts of each layer around its attention, and the sampler, are compiled
     by torch.compile so that the elementwise work fuses into a few kernels, and (``fused_attention``,
     where Triton runs) the attention is one Triton kernel: with ~20 small kernels a layer a decode step
     was launch-bound even inside a CUDA graph."""
 
-    def __init__(self, model: torch.nn.Module, *, merge_lora: bool = True, cuda_graphs: bool | None = None,
-                 compile: bool | None = None, fused_attention: bool | None = None, bucket: int = CACHE_BUCKET,
-                 sync_every: int = 32) -> None:
+    def __init__(self, model: torch.nn.Module, *, merge_lora: bool = True, read_4bit_mlp: bool = False,
+                 cuda_graphs: bool | None = None, compile: bool | None = None, fused_attention: bool | None = None,
+                 bucket: int = CACHE_BUCKET, sync_every: int = 32) -> None:
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"StaticDecoder cannot run this model: {reason}")
@@ -92,6 +97,11 @@ class StaticDecoder:
         # static shapes: a decoder sees few slot counts, and each gets kernels specialised to it
         self._part1 = torch.compile(qkv_projection, dynamic=False) if self.compile else qkv_projection
         self._part2 = torch.compile(output_and_mlp, dynamic=False) if self.compile else output_and_mlp
+        self._project = torch.compile(output_projection, dynamic=False) if self.compile else output_projection
+        self.read_4bit_mlp = read_4bit_mlp and bool(self._quantised) and supported_4bit(self.device)
+        if read_4bit_mlp and not self.read_4bit_mlp:
+            log.warning("generation_mlp_4bit: the 4-bit MLP kernels need a 4-bit base and Triton on an Ampere "
+                        "or newer GPU; decoding from a dense copy instead")
         self._pick = torch.compile(sample, dynamic=False) if self.compile else sample
         self.weights: list[tuple[tuple, tuple]] = []
         # the graphs' warm-up stream, one for the decoder's life: cuBLAS gives every new stream a workspace
@@ -110,7 +120,7 @@ class StaticDecoder:
     def refresh(self) -> None:
         """(Re)build each layer's weight tuples from the live modules: refolds merged LoRA, re-reads
         unmerged LoRA. Tensors are rebuilt, so graphs captured before are stale (generate recaptures)."""
-        self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora)
+        self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora, self.read_4bit_mlp)
                         for layer in self.body.layers]
 
     def release(self) -> None:
@@ -125,14 +135,20 @@ class StaticDecoder:
         new keys and values into the cache and returns the attention output [B, T, Hq * D]. Returns the
         last position's final hidden state [B, H]. ``eager``: prefill's varying shapes skip the
         compiled parts."""
-        part1, part2 = (qkv_projection, output_and_mlp) if eager else (self._part1, self._part2)
+        part1, part2, project = ((qkv_projection, output_and_mlp, output_projection) if eager
+                                 else (self._part1, self._part2, self._project))
         eps = self.cfg[3]
         x = self.body.embed_tokens(ids).to(self.dtype)
         cos, sin = self.body.rotary_emb(x, positions)
         delta = None
         for i, (w1, w2) in enumerate(self.weights):
             x, qkv = part1(x, delta, w1, eps)
-            x, delta = part2(x, attention(i, qkv, cos, sin, w1), w2, eps)
+            a = attention(i, qkv, cos, sin, w1)
+            if isinstance(w2[-1], Mlp4bit):  # the MLP's kernels run outside the compiled part
+                x, h = project(x, a, w2, eps)
+                delta = w2[-1](h)
+            else:
+                x, delta = part2(x, a, w2, eps)
         return self.body.norm((x + delta)[:, -1])
 
     def _sample(self, hidden: Tensor, keys: Tensor, positions: Tensor, eager: bool = False) -> Tensor:

@@ -9,20 +9,26 @@ A layer is split where the attention goes:
   else ``torch_decode_attention`` (``heads``: RoPE and norms; the cache write; ``attend``: explicit
   attention), whose ``heads`` and ``attend`` prefill always runs;
 - ``output_and_mlp``: output projection, residual, norm, SwiGLU MLP; its output is added by the next
-  layer's ``qkv_projection``, so that residual add and norm are one kernel.
+  layer's ``qkv_projection``, so that residual add and norm are one kernel. With a 4-bit MLP read
+  directly (``Mlp4bit``), ``output_projection`` stops at the norm and the MLP is two Triton kernels.
 
-Weights: every linear layer runs as a dense matmul in the compute dtype. A bitsandbytes 4-bit base is
-de-quantised into copies held by the decoder alone (freed by ``StaticDecoder.release``); q/k/v run as one
-concatenated matmul, and the MLP's gate and up as one wherever a copy is made anyway. LoRA layers are
-either folded into those copies (``merge=True``: the copy exists anyway, so merging costs no memory
-beyond the LoRA-targeted layers) or applied unmerged as two extra small matmuls per projection group.
+Weights: every linear layer runs as a dense matmul in the compute dtype, except a 4-bit MLP read in 4
+bits (``read_4bit_mlp``: a decode step reads 3.5x fewer bytes of it, and no copy is made). A
+bitsandbytes 4-bit base is otherwise de-quantised into copies held by the decoder alone (freed by
+``StaticDecoder.release``); q/k/v run as one concatenated matmul, and the MLP's gate and up as one
+wherever a copy is made anyway. LoRA layers are either folded into those copies (``merge=True``: the copy
+exists anyway, so merging costs no memory beyond the LoRA-targeted layers) or applied unmerged as two
+extra small matmuls per projection group; an MLP with LoRA is always copied and merged.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from grpo.kernels.matmul_4bit import Weight4bit, matmul_4bit, reference_mlp, swiglu_4bit
 from grpo.model.dequant import dequantized
 from grpo.model.lora import LoRALinear
 
@@ -109,15 +115,22 @@ def torch_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tenso
     return attend(q, k_cache[:, :, :length], v_cache[:, :, :length], valid[:, None, :length], cfg)
 
 
-def output_and_mlp(x: Tensor, a: Tensor, w: tuple, eps: float) -> tuple[Tensor, Tensor]:
-    """Layer part 2: output projection of the attention ``a`` (+ LoRA), residual, norm and the SwiGLU MLP.
-    Returns the residual stream and the MLP's output, which the next ``qkv_projection`` adds."""
-    o_w, o_b, lora_a, lora_b, ln2, gate_up, down_w = w
+def output_projection(x: Tensor, a: Tensor, w: tuple, eps: float) -> tuple[Tensor, Tensor]:
+    """Layer part 2 up to the MLP: output projection of the attention ``a`` (+ LoRA), residual, norm.
+    Returns the residual stream and the MLP's input."""
+    o_w, o_b, lora_a, lora_b, ln2 = w[:5]
     o = F.linear(a, o_w, o_b)
     if lora_a is not None:
         o = o + F.linear(F.linear(a.float(), lora_a), lora_b).to(o.dtype)
     x = x + o
-    h = _rms(x, ln2, eps)
+    return x, _rms(x, ln2, eps)
+
+
+def output_and_mlp(x: Tensor, a: Tensor, w: tuple, eps: float) -> tuple[Tensor, Tensor]:
+    """Layer part 2 with a dense MLP: ``output_projection`` and the SwiGLU MLP. Returns the residual stream
+    and the MLP's output, which the next ``qkv_projection`` adds."""
+    x, h = output_projection(x, a, w, eps)
+    gate_up, down_w = w[5:]
     if len(gate_up) == 1:  # gate and up concatenated: one matmul
         gate, up = F.linear(h, gate_up[0]).chunk(2, dim=-1)
     else:
@@ -125,10 +138,39 @@ def output_and_mlp(x: Tensor, a: Tensor, w: tuple, eps: float) -> tuple[Tensor, 
     return x, F.linear(F.silu(gate) * up, down_w)
 
 
+@dataclass(frozen=True)
+class Mlp4bit:
+    """A SwiGLU MLP read from its 4-bit weights (grpo/kernels/matmul_4bit.py): a decode step's few rows
+    in two kernels, a prompt's pass from de-quantised copies one layer at a time."""
+
+    gate: Weight4bit
+    up: Weight4bit
+    down: Weight4bit
+
+    def __call__(self, h: Tensor) -> Tensor:
+        if h.shape[1] == 1:  # [B, 1, H]: a decode step
+            return matmul_4bit(swiglu_4bit(h, self.gate, self.up), self.down)
+        return reference_mlp(h, self.gate, self.up, self.down)
+
+
+def mlp_4bit(mlp: torch.nn.Module, quantised: set[int]) -> Mlp4bit | None:
+    """The layer's MLP as ``Mlp4bit`` when its three projections are 4-bit layers the kernels read
+    (a row a whole number of blocks) and carry no active LoRA (which the dense path merges); else None."""
+    projections = (mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+    if any(id(_base(m)) not in quantised or _lora_on(m) for m in projections):
+        return None
+    try:
+        return Mlp4bit(*(Weight4bit.of(_base(m)) for m in projections))
+    except ValueError:
+        return None
+
+
 @torch.no_grad()
-def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, merge: bool) -> tuple[tuple, tuple]:
-    """The weight tuples of ``qkv_projection`` (with ``heads``' norms) and ``output_and_mlp`` for one
-    decoder layer, built from its live modules (``quantised``: ids of the 4-bit linear layers;
+def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, merge: bool,
+                  read_4bit_mlp: bool = False) -> tuple[tuple, tuple]:
+    """The weight tuples of ``qkv_projection`` (with ``heads``' norms) and of ``output_and_mlp`` (or, with
+    ``read_4bit_mlp`` where ``mlp_4bit`` can read it, of ``output_projection`` followed by an ``Mlp4bit``)
+    for one decoder layer, built from its live modules (``quantised``: ids of the 4-bit linear layers;
     ``merge``: fold LoRA in)."""
     at, mlp = layer.self_attn, layer.mlp
     qkv = [at.q_proj, at.k_proj, at.v_proj]
@@ -151,13 +193,15 @@ def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, 
     k_norm = getattr(at, "k_norm", None)
     part1 = (layer.input_layernorm.weight, qkv_w, qkv_b, *qkv_lora,
              None if q_norm is None else q_norm.weight, None if k_norm is None else k_norm.weight)
+    attention_out = (dense(at.o_proj), _bias(at.o_proj, dt), *o_lora, layer.post_attention_layernorm.weight)
+    four_bit = mlp_4bit(mlp, quantised) if read_4bit_mlp else None
+    if four_bit is not None:
+        return part1, (*attention_out, four_bit)
     # the MLP has no unmerged LoRA path: its adapters are always folded in
     gate_up = (mlp.gate_proj, mlp.up_proj)
     copied = any(id(_base(m)) in quantised or _lora_on(m) for m in gate_up)
     gate_up_w = (torch.cat([merged(m) for m in gate_up]),) if copied else tuple(merged(m) for m in gate_up)
-    part2 = (dense(at.o_proj), _bias(at.o_proj, dt), *o_lora, layer.post_attention_layernorm.weight,
-             gate_up_w, merged(mlp.down_proj))
-    return part1, part2
+    return part1, (*attention_out, gate_up_w, merged(mlp.down_proj))
 
 
 def _stacked_lora(modules: list[torch.nn.Module]) -> tuple[Tensor | None, Tensor | None]:

@@ -169,7 +169,8 @@ def build_parts(params: TrainParams, style: PromptStyle, base_model: Path, live:
     }
     hook = FaultHook()
     engine = NativeEngine(model, tokenizer, batch_size=params.generation_batch_size, backend=params.generation_backend,
-                          merge_lora=params.generation_merge_lora, size=sizes["generate"], fault_hook=hook)
+                          merge_lora=params.generation_merge_lora, read_4bit_mlp=params.generation_mlp_4bit,
+                          size=sizes["generate"], fault_hook=hook)
     return TrainerParts(tracker, device, tokenizer, model, lora, lora_params, optimizer, scheduler, sampler, schedule,
                         sizes, hook, PolicyEngine(engine, params.dense_generation),
                         {name: reward_functions[name] for name in params.rewards}, choose_logprobs(params, model),

@@ -86,6 +86,8 @@ def knob_values(stage: str, raw: dict[str, Any], gpu: bool) -> dict[str, list[An
             knobs["train.dense_training"] = [True, False]
         if gpu:
             knobs["train.generation_merge_lora"] = [True, False]
+            if t.get("quantization", "nf4") == "nf4":  # the decoder's MLP read in 4 bits: fewer bytes, no copy
+                knobs["train.generation_mlp_4bit"] = [False, True]
             knobs["train.logprob_chunk_size"] = _around(t["logprob_chunk_size"], 1 << 16)
         else:
             knobs["train.compute_dtype"] = _dtypes(t["compute_dtype"])

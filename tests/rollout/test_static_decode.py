@@ -28,7 +28,7 @@ MAX_NEW = 10
 
 
 def test_every_test_again_with_the_triton_attention():
-    run_under_interpreter(__file__, passed=12)
+    run_under_interpreter(__file__, passed=13)
 
 
 def test_the_attention_is_triton_exactly_where_triton_runs(model):
@@ -118,6 +118,39 @@ def test_nf4_base_uses_the_dense_copy_and_frees_it(tiny_model_dir, tokenizer, pr
     assert _ids(fast, prompts, params) == hf
     kept = NativeEngine(model, tokenizer, batch_size=3, backend="static", release_dense=False)
     assert _ids(kept, prompts, params) == hf and kept._decoder.weights
+
+
+def test_a_4bit_mlp_read_in_4_bits_decodes_what_generate_does(tiny_model_dir, tokenizer, prompts, caplog):
+    """``read_4bit_mlp``: where Triton runs (here: its interpreter) the MLP of a 4-bit base without LoRA is
+    read by the 4-bit kernels, not copied, and the tokens are still generate's; an MLP with LoRA is
+    copied and merged as before; where Triton cannot run, the decoder says so and copies."""
+    from grpo.rollout.static_layers import Mlp4bit
+
+    def nf4_with_lora(targets: tuple[str, ...]) -> torch.nn.Module:
+        return _with_lora(load_policy_model(tiny_model_dir, quantization="nf4", compute_dtype="float32",
+                                            device="cpu", gradient_checkpointing=False), targets=targets)
+
+    model = nf4_with_lora(("q_proj", "v_proj", "o_proj"))
+    params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    fast = NativeEngine(model, tokenizer, batch_size=3, backend="static", read_4bit_mlp=True, release_dense=False)
+    assert _ids(fast, prompts, params) == hf
+    four_bit = [isinstance(w2[-1], Mlp4bit) for _, w2 in fast._decoder.weights]
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        assert fast._decoder.read_4bit_mlp and all(four_bit)
+        sampled = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW, seed=3)
+        copied = NativeEngine(model, tokenizer, batch_size=3, backend="static")
+        assert _ids(fast, prompts, sampled) == _ids(copied, prompts, sampled)
+        # LoRA on the MLP: merged into a dense copy, as without the flag
+        merged = nf4_with_lora(("o_proj", "down_proj"))
+        with_mlp_lora = NativeEngine(merged, tokenizer, batch_size=3, backend="static", read_4bit_mlp=True,
+                                     release_dense=False)
+        assert _ids(with_mlp_lora, prompts, params) == _ids(NativeEngine(merged, tokenizer, batch_size=3,
+                                                                        backend="hf"), prompts, params)
+        assert not any(isinstance(w2[-1], Mlp4bit) for _, w2 in with_mlp_lora._decoder.weights)
+    else:
+        assert not fast._decoder.read_4bit_mlp and not any(four_bit)
+        assert "decoding from a dense copy instead" in caplog.text
 
 
 def test_empty_prompt_is_a_clear_error(tiny_model_dir, tokenizer):

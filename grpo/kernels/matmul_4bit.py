@@ -1,0 +1,169 @@
+"""Decode-step matmuls that read bitsandbytes 4-bit weights directly: the static decoder's MLP without a
+dense copy of it.
+
+Why: at batch 64 a decode step reads every weight once, and the MLP's gate, up and down projections are
+88% of the R1-Distill-1.5B decoder layer's weights. The static decoder (grpo/rollout/static_decode.py)
+de-quantises them into a dense bf16 copy, so a step reads 2.3 GB of MLP weights; in 4 bits (a code a
+nibble and an absmax a block of 64) it reads 0.65 GB, 3.5× less, and the copy's 2.2 GiB stay free for the
+KV cache. cuBLAS's bf16 matmuls at this shape ran at 1.9-2.3 TB/s on an H100 (bench/RESULTS.md, "A decode
+step as ~300 kernels"), so the MLP took ~1.1 of a step's 2.7 ms.
+
+Two kernels, each one launch a layer: ``swiglu_4bit`` computes silu(x Wg^T) * (x Wu^T) from both 4-bit
+weights in one pass over x (the gate and up outputs never reach memory), and ``matmul_4bit`` computes
+x W^T, split along K into partial sums when N alone gives too few programs to fill the GPU (the down
+projection: N = 1536 for K = 8960), the partials summed in a fixed order (deterministic). Each program
+de-quantises a [BLOCK_N, BLOCK_K] tile as bitsandbytes does (code[nibble] * its block's absmax, in fp32,
+rounded to the compute dtype) and multiplies it on tensor cores with fp32 accumulation, so the products
+are the dense copy's to the summation order.
+
+Layout (bitsandbytes ``quantize_4bit``): the weight [N, K] flattened row-major, two codes a byte, the
+first in the high nibble; one absmax per ``blocksize`` consecutive values of a row (K must be a multiple of
+it), itself 8-bit quantised in blocks of 256 with an offset (double quantisation), undone once here into an
+fp32 absmax per block.
+
+The reference is bitsandbytes' ``dequantize_4bit`` followed by ``F.linear`` (what the decoder's dense
+copy computes); tests/kernels/test_matmul_4bit.py compares the two under Triton's interpreter on a CPU.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from grpo.kernels.decode_attention import _interpreting, triton
+from grpo.model.dequant import dequantized
+
+if triton is not None:
+    import triton.language as tl
+
+BLOCK_N, BLOCK_K = 64, 128
+MIN_PROGRAMS = 256  # split K until a call has this many programs: ~2 waves on a 132-SM H100 or H200
+
+
+@dataclass(frozen=True)
+class Weight4bit:
+    """One bitsandbytes 4-bit linear layer's weight as the kernels read it."""
+
+    packed: Tensor  # uint8 [N * K / 2]
+    absmax: Tensor  # fp32, one a block
+    code: Tensor  # fp32 [16]: the code book (NF4's quantiles, or FP4's values)
+    out_features: int
+    in_features: int
+    blocksize: int
+    source: torch.nn.Module  # the bitsandbytes layer
+
+    @classmethod
+    def of(cls, module: torch.nn.Module) -> "Weight4bit":
+        import bitsandbytes.functional as bnbf
+
+        state = module.weight.quant_state
+        if module.in_features % state.blocksize:
+            # blocks would straddle rows, where bitsandbytes' CPU and CUDA kernels disagree on the layout
+            raise ValueError(f"4-bit matmul: in_features {module.in_features} is not a multiple of the "
+                             f"block size {state.blocksize}")
+        absmax = state.absmax
+        if state.nested:  # double quantisation: 8-bit absmax codes, their own absmax, an offset
+            absmax = bnbf.dequantize_blockwise(state.absmax, state.state2) + state.offset
+        return cls(module.weight.data.view(-1), absmax.float().contiguous(), state.code.float().to(absmax.device),
+                   module.out_features, module.in_features, state.blocksize, module)
+
+    def dense(self, dtype: torch.dtype) -> Tensor:
+        """A new de-quantised copy [N, K] (bitsandbytes' own kernel): a prompt's pass over many tokens is a
+        large matmul, where one layer's dense copy at a time beats de-quantising each tile per block of rows."""
+        return dequantized(self.source).to(dtype)
+
+
+def supported(device: torch.device) -> bool:
+    """Whether the kernels run here: an Ampere or newer GPU (bf16 tensor cores), or Triton's interpreter."""
+    on_device = _interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))
+    return triton is not None and on_device
+
+
+if triton is not None:
+
+    @triton.jit
+    def _tile(w_ptr, absmax_ptr, code_ptr, n, k, K, BLOCKSIZE: tl.constexpr, mask):
+        """The de-quantised [BLOCK_N, BLOCK_K] tile of rows ``n`` and columns ``k`` (fp32)."""
+        flat = n[:, None].to(tl.int64) * K + k[None, :]
+        byte = tl.load(w_ptr + flat // 2, mask=mask, other=0).to(tl.int32)
+        codes = tl.where(flat % 2 == 0, byte >> 4, byte & 0xF)
+        return tl.load(code_ptr + codes) * tl.load(absmax_ptr + flat // BLOCKSIZE, mask=mask, other=0.0)
+
+    @triton.jit
+    def _dot(x, w, IEEE: tl.constexpr):
+        """x [BLOCK_M, BLOCK_K] @ w [BLOCK_N, BLOCK_K]^T, accumulated in fp32."""
+        if IEEE:
+            return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+        return tl.dot(x, tl.trans(w))
+
+    @triton.jit
+    def _matmul_4bit_kernel(x_ptr, stride_xm, out_ptr, stride_om, stride_split, M, N, K,
+                            w_ptr, absmax_ptr, up_ptr, up_absmax_ptr, code_ptr, k_blocks_per_split,
+                            BLOCKSIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                            BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, DOT_IEEE: tl.constexpr):
+        pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        dtype = x_ptr.dtype.element_ty
+        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        first = pid_k * k_blocks_per_split
+        for kb in range(first, tl.minimum(first + k_blocks_per_split, tl.cdiv(K, BLOCK_K))):
+            k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+            x = tl.load(x_ptr + m[:, None].to(tl.int64) * stride_xm + k[None, :],
+                        mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
+            w_mask = (n[:, None] < N) & (k[None, :] < K)
+            w = _tile(w_ptr, absmax_ptr, code_ptr, n, k, K, BLOCKSIZE, w_mask).to(dtype)
+            acc += _dot(x, w, DOT_IEEE)
+            if SWIGLU:
+                acc_up += _dot(x, _tile(up_ptr, up_absmax_ptr, code_ptr, n, k, K, BLOCKSIZE, w_mask).to(dtype), DOT_IEEE)
+        out = out_ptr + pid_k * stride_split + m[:, None].to(tl.int64) * stride_om + n[None, :]
+        if SWIGLU:  # F.silu(gate) * up on the compute dtype's values, as the dense decoder rounds them
+            gate = acc.to(dtype).to(tl.float32)
+            act = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
+            acc = act * acc_up.to(dtype).to(tl.float32)
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
+
+
+def _launch(x: Tensor, w: Weight4bit, up: Weight4bit | None) -> Tensor:
+    rows = x.shape[0]
+    block_m = max(16, triton.next_power_of_2(min(rows, 64)))
+    tiles = triton.cdiv(w.out_features, BLOCK_N) * triton.cdiv(rows, block_m)
+    k_blocks = triton.cdiv(w.in_features, BLOCK_K)
+    split = 1 if up is not None else min(k_blocks, triton.cdiv(MIN_PROGRAMS, tiles))
+    per_split = triton.cdiv(k_blocks, split)
+    split = triton.cdiv(k_blocks, per_split)
+    out = (torch.empty(rows, w.out_features, dtype=x.dtype, device=x.device) if split == 1 else
+           torch.empty(split, rows, w.out_features, dtype=torch.float32, device=x.device))
+    up_weight = up or w
+    _matmul_4bit_kernel[(triton.cdiv(w.out_features, BLOCK_N), triton.cdiv(rows, block_m), split)](
+        x, x.stride(0), out, out.stride(-2), out.stride(0) if split > 1 else 0, rows, w.out_features, w.in_features,
+        w.packed, w.absmax, up_weight.packed, up_weight.absmax, w.code, per_split,
+        BLOCKSIZE=w.blocksize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SWIGLU=up is not None,
+        # fp32 gets exact (not TF32) products; so does everything under the interpreter, whose bf16 tl.dot
+        # is wrong (numpy has no bf16)
+        DOT_IEEE=x.dtype == torch.float32 or _interpreting())
+    return out if split == 1 else out.sum(0).to(x.dtype)
+
+
+def matmul_4bit(x: Tensor, w: Weight4bit) -> Tensor:
+    """``x [..., K] @ W^T`` for a 4-bit ``w`` [N, K]: [..., N] in x's dtype."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    return _launch(rows, w, None).view(*x.shape[:-1], w.out_features)
+
+
+def swiglu_4bit(x: Tensor, gate: Weight4bit, up: Weight4bit) -> Tensor:
+    """``F.silu(x @ Wg^T) * (x @ Wu^T)`` for 4-bit gate and up weights of one shape: [..., N]."""
+    if (gate.out_features, gate.in_features, gate.blocksize) != (up.out_features, up.in_features, up.blocksize) \
+            or not torch.equal(gate.code, up.code):
+        raise ValueError("swiglu_4bit: gate and up must share their shape, block size and code book")
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    return _launch(rows, gate, up).view(*x.shape[:-1], gate.out_features)
+
+
+def reference_mlp(h: Tensor, gate: Weight4bit, up: Weight4bit, down: Weight4bit) -> Tensor:
+    """The same MLP from de-quantised weights, one layer's copy at a time (a prompt's pass)."""
+    dt = h.dtype
+    return F.linear(F.silu(F.linear(h, gate.dense(dt))) * F.linear(h, up.dense(dt)), down.dense(dt))
