@@ -12,9 +12,10 @@ Two kernels, each one launch a layer: ``swiglu_4bit`` computes silu(x Wg^T) * (x
 weights in one pass over x (the gate and up outputs never reach memory), and ``matmul_4bit`` computes
 x W^T, split along K into partial sums when N alone gives too few programs to fill the GPU (the down
 projection: N = 1536 for K = 8960), the partials summed in a fixed order (deterministic). Each program
-de-quantises a [BLOCK_N, BLOCK_K] tile as bitsandbytes does (code[nibble] * its block's absmax, in fp32,
-rounded to the compute dtype) and multiplies it on tensor cores with fp32 accumulation, so the products
-are the dense copy's to the summation order.
+reads a [BLOCK_N, BLOCK_K / 2] tile of bytes (contiguous, so loads vectorise), de-quantises its high and low
+nibbles as bitsandbytes does (code[nibble] * its block's absmax, in fp32, rounded to the compute dtype) into
+the tiles of the even and the odd columns, and multiplies them on tensor cores with x's even and odd columns
+(fp32 accumulation), so the products are the dense copy's to the summation order.
 
 Layout (bitsandbytes ``quantize_4bit``): the weight [N, K] flattened row-major, two codes a byte, the
 first in the high nibble; one absmax per ``blocksize`` consecutive values of a row (K must be a multiple of
@@ -84,19 +85,29 @@ def supported(device: torch.device) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _tile(w_ptr, absmax_ptr, code_ptr, n, k, K, BLOCKSIZE: tl.constexpr, mask):
-        """The de-quantised [BLOCK_N, BLOCK_K] tile of rows ``n`` and columns ``k`` (fp32)."""
-        flat = n[:, None].to(tl.int64) * K + k[None, :]
-        byte = tl.load(w_ptr + flat // 2, mask=mask, other=0).to(tl.int32)
-        codes = tl.where(flat % 2 == 0, byte >> 4, byte & 0xF)
-        return tl.load(code_ptr + codes) * tl.load(absmax_ptr + flat // BLOCKSIZE, mask=mask, other=0.0)
+    def _pairs(w_ptr, absmax_ptr, code_ptr, n, j, K, BLOCKSIZE: tl.constexpr, mask):
+        """The de-quantised values of rows ``n`` at the even columns 2j and the odd columns 2j + 1: two
+        [BLOCK_N, BLOCK_K / 2] tiles (fp32) from one contiguous tile of bytes, whose high nibble is the
+        even column and low nibble the odd one; both share their block's absmax (a block is 64 columns)."""
+        at = n[:, None].to(tl.int64) * (K // 2) + j[None, :]  # the byte of columns 2j, 2j + 1 of row n
+        byte = tl.load(w_ptr + at, mask=mask, other=0).to(tl.int32)
+        scale = tl.load(absmax_ptr + (2 * at) // BLOCKSIZE, mask=mask, other=0.0)
+        return tl.load(code_ptr + (byte >> 4)) * scale, tl.load(code_ptr + (byte & 0xF)) * scale
 
     @triton.jit
     def _dot(x, w, IEEE: tl.constexpr):
-        """x [BLOCK_M, BLOCK_K] @ w [BLOCK_N, BLOCK_K]^T, accumulated in fp32."""
+        """x [BLOCK_M, k] @ w [BLOCK_N, k]^T, accumulated in fp32."""
         if IEEE:
             return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
         return tl.dot(x, tl.trans(w))
+
+    @triton.jit
+    def _pair_dot(x_even, x_odd, w_ptr, absmax_ptr, code_ptr, n, j, K, BLOCKSIZE: tl.constexpr, mask,
+                  IEEE: tl.constexpr):
+        """This K block's share of x @ W^T over the even and the odd columns."""
+        even, odd = _pairs(w_ptr, absmax_ptr, code_ptr, n, j, K, BLOCKSIZE, mask)
+        dtype = x_even.dtype
+        return _dot(x_even, even.to(dtype), IEEE) + _dot(x_odd, odd.to(dtype), IEEE)
 
     @triton.jit
     def _matmul_4bit_kernel(x_ptr, stride_xm, out_ptr, stride_om, stride_split, M, N, K,
@@ -111,14 +122,16 @@ if triton is not None:
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         first = pid_k * k_blocks_per_split
         for kb in range(first, tl.minimum(first + k_blocks_per_split, tl.cdiv(K, BLOCK_K))):
-            k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-            x = tl.load(x_ptr + m[:, None].to(tl.int64) * stride_xm + k[None, :],
-                        mask=(m[:, None] < M) & (k[None, :] < K), other=0.0)
-            w_mask = (n[:, None] < N) & (k[None, :] < K)
-            w = _tile(w_ptr, absmax_ptr, code_ptr, n, k, K, BLOCKSIZE, w_mask).to(dtype)
-            acc += _dot(x, w, DOT_IEEE)
+            j = kb * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)  # byte columns: x's columns 2j and 2j + 1
+            x_at = x_ptr + m[:, None].to(tl.int64) * stride_xm + 2 * j[None, :]
+            x_mask = (m[:, None] < M) & (2 * j[None, :] < K)
+            x_even = tl.load(x_at, mask=x_mask, other=0.0)
+            x_odd = tl.load(x_at + 1, mask=x_mask, other=0.0)
+            w_mask = (n[:, None] < N) & (2 * j[None, :] < K)
+            acc += _pair_dot(x_even, x_odd, w_ptr, absmax_ptr, code_ptr, n, j, K, BLOCKSIZE, w_mask, DOT_IEEE)
             if SWIGLU:
-                acc_up += _dot(x, _tile(up_ptr, up_absmax_ptr, code_ptr, n, k, K, BLOCKSIZE, w_mask).to(dtype), DOT_IEEE)
+                acc_up += _pair_dot(x_even, x_odd, up_ptr, up_absmax_ptr, code_ptr, n, j, K, BLOCKSIZE, w_mask,
+                                    DOT_IEEE)
         out = out_ptr + pid_k * stride_split + m[:, None].to(tl.int64) * stride_om + n[None, :]
         if SWIGLU:  # F.silu(gate) * up on the compute dtype's values, as the dense decoder rounds them
             gate = acc.to(dtype).to(tl.float32)
