@@ -2,7 +2,8 @@
 # The static decoder's MLP read in 4 bits (train.generation_mlp_4bit, grpo/kernels/matmul_4bit.py) against
 # its dense copy, in one device call (issue 18): first the kernels' and the decoder's tests on the GPU
 # (compiled Triton, bf16), then bench/decode_speed.py with the dense copy and with the 4-bit MLP (batch 16
-# and 64, 256 and 768 new tokens, graph capture timed apart; peaks), each with a kernel table (--profile).
+# and 64, 256 and 768 new tokens, graph capture timed apart; peaks), each with a kernel table (--profile),
+# the 4-bit kernels also with three other tiles (their 64 x 128 is a guess).
 # Random weights at the R1-Distill-Qwen-1.5B shape: times and memory are real, tokens are not.
 #     OUT=... bash bench/decode_4bit.sh   (writes $OUT/decode_speed_{dense,mlp4bit}.json and pytest's tail)
 set -euo pipefail
@@ -10,4 +11,4 @@ cd "$(dirname "$0")/.."
 python3 -m pytest -q -p no:cacheprovider tests/kernels/test_matmul_4bit.py tests/rollout/test_static_decode.py \
     2>&1 | tail -15 | tee "${OUT:-bench/results}/decode_4bit_tests.txt"
 python3 bench/decode_speed.py --label dense --profile 2>&1 | grep -v "it/s]"
-python3 bench/decode_speed.py --label mlp4bit --read-4bit-mlp --profile 2>&1 | grep -v "it/s]"
+python3 bench/decode_speed.py --label mlp4bit --read-4bit-mlp --profile --tiles 32x128,64x256,128x128 2>&1 | grep -v "it/s]"

@@ -13,7 +13,7 @@ kernels per decode step, their summed time per step and the top kernels. Writes
 $OUT/decode_speed_<label>.json (default bench/results/). ``--compile-mode`` recompiles the decoder's layer
 parts in another torch.compile mode (an experiment: max-autotune lets inductor time Triton matmul templates
 against cuBLAS for the skinny decode matmuls). ``--read-4bit-mlp`` decodes with the MLP read in 4 bits
-(grpo/kernels/matmul_4bit.py) instead of a dense copy.
+(grpo/kernels/matmul_4bit.py) instead of a dense copy, and ``--tiles`` times other tiles of its kernels.
 """
 from __future__ import annotations
 
@@ -55,12 +55,31 @@ def kernel_table(decoder, batch: int = 64, new: int = PROFILE_TOKENS) -> dict:
                     for k, c, us in kernels[:25]]}
 
 
+def time_batches(decoder, label: str) -> dict:
+    """Whole calls of 256 and 768 new tokens at batch 16 and 64 (each shape once untimed first), and the
+    decode step from their difference."""
+    res = {}
+    for batch in (16, 64):
+        runs = {}
+        for new in (256, 768):
+            fast_rollout(decoder, batch, new)  # compiles and tunes for this shape: not timed
+            runs[new] = fast_rollout(decoder, batch, new)
+            print(f"{label} B{batch} N{new}: {runs[new]}", flush=True)
+        step_ms = (runs[768]["s"] - runs[256]["s"]) / 512 * 1000
+        res[f"B{batch}"] = {"N256": runs[256], "N768": runs[768], "decode_step_ms": round(step_ms, 3),
+                            "decode_tok_per_s": round(batch / step_ms * 1000)}
+        print(f"{label} B{batch}: decode step {step_ms:.3f} ms", flush=True)
+    return res
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="new")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--compile-mode", default=None)
     parser.add_argument("--read-4bit-mlp", action="store_true", help="the MLP read in 4 bits (train.generation_mlp_4bit)")
+    parser.add_argument("--tiles", default="", help="with --read-4bit-mlp, also time the 4-bit kernels' other "
+                        "BLOCK_NxBLOCK_K tiles, e.g. 32x128,64x256")
     args = parser.parse_args()
     from grpo.rollout.static_decode import StaticDecoder
 
@@ -76,21 +95,23 @@ def main() -> None:
         res["compile_mode"] = args.compile_mode
         decoder._part1 = torch.compile(qkv_projection, dynamic=False, mode=args.compile_mode)
         decoder._part2 = torch.compile(output_and_mlp, dynamic=False, mode=args.compile_mode)
-    for batch in (16, 64):
-        runs = {}
-        for new in (256, 768):
-            fast_rollout(decoder, batch, new)  # compiles and tunes for this shape: not timed
-            runs[new] = fast_rollout(decoder, batch, new)
-            print(f"{args.label} B{batch} N{new}: {runs[new]}", flush=True)
-        step_ms = (runs[768]["s"] - runs[256]["s"]) / 512 * 1000
-        res[f"B{batch}"] = {"N256": runs[256], "N768": runs[768], "decode_step_ms": round(step_ms, 3),
-                            "decode_tok_per_s": round(batch / step_ms * 1000)}
-        print(f"{args.label} B{batch}: decode step {step_ms:.3f} ms", flush=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after each part: a call cut by its time limit keeps what it measured
+        (OUT / f"decode_speed_{args.label}.json").write_text(json.dumps(res, indent=1))
+
+    res.update(time_batches(decoder, args.label))
+    save()
     if args.profile:
         res["kernels_B64"] = kernel_table(decoder)
         print(json.dumps(res["kernels_B64"], indent=1), flush=True)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / f"decode_speed_{args.label}.json").write_text(json.dumps(res, indent=1))
+        save()
+    for tiles in filter(None, args.tiles.split(",")):  # other tiles of the 4-bit kernels, same decoder
+        from grpo.kernels import matmul_4bit
+
+        matmul_4bit.BLOCK_N, matmul_4bit.BLOCK_K = map(int, tiles.split("x"))
+        res[f"tiles_{tiles}"] = time_batches(decoder, f"{args.label} tiles {tiles}")
+        save()
 
 
 if __name__ == "__main__":
