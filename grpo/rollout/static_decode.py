@@ -144,8 +144,8 @@ class StaticDecoder:
         for i, (w1, w2) in enumerate(self.weights):
             x, qkv = part1(x, delta, w1, eps)
             a = attention(i, qkv, cos, sin, w1)
-            if isinstance(w2[-1], Mlp4bit):  # the MLP's kernels run outside the compiled part
-                x, h = project(x, a, w2, eps)
+            if isinstance(w2[-1], Mlp4bit):  # the MLP's kernels run outside the compiled part, which sees
+                x, h = project(x, a, w2[:5], eps)  # only tensors (no guard on each layer's Mlp4bit)
                 delta = w2[-1](h)
             else:
                 x, delta = part2(x, a, w2, eps)
