@@ -77,7 +77,8 @@ def main() -> None:
     parser.add_argument("--label", default="new")
     parser.add_argument("--profile", action="store_true")
     parser.add_argument("--compile-mode", default=None)
-    parser.add_argument("--read-4bit-mlp", action="store_true", help="the MLP read in 4 bits (train.generation_mlp_4bit)")
+    parser.add_argument("--read-4bit-mlp", action="store_true",
+                        help="the MLP read in 4 bits (train.generation_mlp_4bit)")
     parser.add_argument("--tiles", default="", help="with --read-4bit-mlp, also time the 4-bit kernels' other "
                         "BLOCK_NxBLOCK_K tiles, e.g. 32x128,64x256")
     args = parser.parse_args()

@@ -9,9 +9,9 @@ stage's params onto them:
   ``grpo.infer``): on CUDA the static decoder (grpo/rollout/static_decode.py) holds ``decoder_copy``
   while it generates: a dense copy of 4-bit linear weights (once: q/k/v and the MLP's gate/up are
   de-quantised into their concatenations; with ``train.generation_mlp_4bit`` the MLP is read in 4 bits
-  and not copied), or of an unquantised base the concatenated q/k/v and the layers whose LoRA it merges. Each of the ``sequences`` concurrent sequences (the decoder's slots) has
-  a KV cache of prompt + new tokens, rounded up to the cache bucket; ``decode_step`` is one decode step's
-  logits and sampling buffers (attention scores over the cache only where the Triton decode-attention
+  and not copied), or of an unquantised base the concatenated q/k/v and the layers whose LoRA it merges.
+  Each of the ``sequences`` concurrent sequences (the decoder's slots) has a KV cache of prompt + new
+  tokens, rounded up to the cache bucket; ``decode_step`` is one decode step's logits and sampling buffers (attention scores over the cache only where the Triton decode-attention
   kernel cannot take the head layout: it keeps them in registers); ``prefill`` is the prompt pass
   (the MLP's three intermediates and fp32 attention scores over the prompt, for every prompt token of
   the ``prefill_rows`` prompts it admits at once). HF ``generate`` (off CUDA, or ``generation_backend:
@@ -208,7 +208,8 @@ def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, 
     attention = arch.num_attention_heads * (2 * 4 + dt) if static_decoder else 0
     fused = layout_supported(arch.head_dim, arch.num_attention_heads // arch.num_key_value_heads)
     step = logits + (0 if fused else sequences * tokens * attention)
-    prefill = prefill_rows * prompt_tokens * (3 * arch.intermediate_size * dt + prompt_tokens * attention) + prefill_copy
+    prefill = prefill_rows * prompt_tokens * (3 * arch.intermediate_size * dt + prompt_tokens * attention)
+    prefill += prefill_copy
     return {"decoder_copy": decoder, "kv_cache": kv, "decode_step": step, "prefill": prefill}
 
 

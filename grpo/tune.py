@@ -90,7 +90,8 @@ class Tuner:
         self.cache: dict[str, dict] = json.loads(cache.read_text()) if cache.exists() else {}
         self.rows: list[dict] = []
 
-    def plan(self, stage: str, benchmark: str | None, settings: dict[str, Any]) -> tuple[dict[str, Any], list[Phase]]:
+    def plan(self, stage: str, benchmark: str | None,
+             settings: dict[str, Any]) -> tuple[dict[str, Any], list[Phase]]:
         """(the params with ``settings`` applied, the planned phases of the stage a trial runs)."""
         params = self.params
         for key, value in settings.items():
