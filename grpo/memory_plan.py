@@ -6,16 +6,17 @@ allowance on CUDA) plus the phase's own. Two kinds of phase exist, and grpo/stag
 stage's params onto them:
 
 - generation (``plan_generation``, shared by sent, the train rollouts and validation, evaluate and
-  ``grpo.infer``): on CUDA the static decoder (grpo/rollout/static_decode.py) holds ``decoder_copy``
-  while it generates: a dense copy of 4-bit linear weights (once: q/k/v and the MLP's gate/up are
-  de-quantised into their concatenations; with ``train.generation_mlp_4bit`` the MLP is read in 4 bits
-  and not copied), or of an unquantised base the concatenated q/k/v and the layers whose LoRA it merges.
-  Each of the ``sequences`` concurrent sequences (the decoder's slots) has a KV cache of prompt + new
-  tokens, rounded up to the cache bucket; ``decode_step`` is one decode step's logits and sampling buffers (attention scores over the cache only where the Triton decode-attention
-  kernel cannot take the head layout: it keeps them in registers); ``prefill`` is the prompt pass
-  (the MLP's three intermediates and fp32 attention scores over the prompt, for every prompt token of
-  the ``prefill_rows`` prompts it admits at once). HF ``generate`` (off CUDA, or ``generation_backend:
-  hf``) has no decoder copy, an exact-length cache and memory-efficient attention.
+  ``grpo.infer``): on CUDA the static decoder (grpo/rollout/static_decode.py) holds ``decoder_copy`` while
+  it generates: a dense copy of 4-bit linear weights (once: q/k/v and the MLP's gate/up are de-quantised
+  into their concatenations; with ``train.generation_mlp_4bit`` the MLP is read in 4 bits and not copied),
+  or of an unquantised base the concatenated q/k/v and the layers whose LoRA it merges. Each of the
+  ``sequences`` concurrent sequences (the decoder's slots) has a KV cache of prompt + new tokens, rounded
+  up to the cache bucket; ``decode_step`` is one decode step's logits and sampling buffers (attention
+  scores over the cache only where the Triton decode-attention kernel cannot take the head layout: it
+  keeps them in registers); ``prefill`` is the prompt pass (the MLP's three intermediates and fp32
+  attention scores over the prompt, for every prompt token of the ``prefill_rows`` prompts it admits at
+  once). HF ``generate`` (off CUDA, or ``generation_backend: hf``) has no decoder copy, an exact-length
+  cache and memory-efficient attention.
 - training (``plan_training``): one micro-batch of ``train_batch_size`` sequences: with gradient
   checkpointing each layer's input is kept and one layer's activations are live at a time (without
   it, every layer's are); log-probs come from ``logprob_chunk_size`` tokens of logits at a time: one
