@@ -282,11 +282,24 @@ def test_a_training_trial_measures_the_steady_step_and_keeps_the_warm_up_beside_
     from grpo.tuning.trial import measure
 
     (tmp_path / TRAIN).parent.mkdir(parents=True)
-    write_log(tmp_path / TRAIN, {"steps": [{"time_generate_s": g, "time_train_s": t}
-                                           for g, t in ((6.0, 4.0), (1.5, 2.5), (2.0, 4.0), (2.0, 3.0))]})
+    write_log(tmp_path / TRAIN, {"steps": [
+        {"time_generate_s": g, "time_train_s": t, "peak_memory_gib/generate": pg, "peak_memory_gib/train": pt}
+        for g, t, pg, pt in ((6.0, 4.0, 6.5, 4.9), (1.5, 2.5, 6.7, 5.0), (2.0, 4.0, 6.6, 4.8), (2.0, 3.0, 6.6, 4.9))]})
     speed, figures = measure(tmp_path, "train", None)
     assert speed == pytest.approx(5.0) and figures["steady_s"] == pytest.approx(5.0)
     assert figures["warm_up_s"] == pytest.approx(10.0) and figures["step_s"] == pytest.approx([4.0, 6.0, 5.0])
+    assert figures["peak_gib"] == {"generate": 6.7, "train": 5.0}  # each phase's largest, warm-up included
+
+
+def test_a_trials_peak_is_the_runs_not_the_last_phases():
+    """Each phase resets the allocator's peak to measure its own, so the peak the trial's process reads at
+    its end is its last phase's (training: 4.98 GiB in the H200 tune of bench/RESULTS.md, while generation
+    had peaked higher). The trial reports the largest of that and every phase's peak."""
+    from grpo.tuning.trial import run_peak
+
+    assert run_peak(4.98, {"peak_gib": {"generate": 6.7, "train": 4.98}}) == 6.7
+    assert run_peak(5.2, {"peak_gib": {"generate": 4.0}}) == 5.2  # a later phase (validation) peaked higher
+    assert run_peak(1.5, {}) == 1.5 and run_peak(None, {}) is None  # sent and evaluate: no phases
 
 
 def test_sent_engine_candidates_leave_out_what_auto_resolves_to():

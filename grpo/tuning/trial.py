@@ -131,9 +131,28 @@ def measure(scratch: Path, stage: str, benchmark: str | None) -> tuple[float | N
         return steady, {
             "warm_up_s": times[0], "steady_s": steady, "step_s": times[1:],
             "generate_s": [round(s["time_generate_s"], 3) for s in steps[1:]],
-            "train_s": [round(s["time_train_s"], 3) for s in steps[1:]]}
+            "train_s": [round(s["time_train_s"], 3) for s in steps[1:]], "peak_gib": phase_peaks(steps)}
     log = read_log(scratch / SENT if stage == "sent" else eval_log(scratch, "base", benchmark or "")) or {}
     return log.get("tokens_per_s"), {k: v for k, v in log.items() if k.endswith("_s")}
+
+
+def phase_peaks(steps: list[dict[str, Any]]) -> dict[str, float]:
+    """Each phase's peak over a run's steps (GiB: ``peak_memory_gib/<phase>`` of the step log)."""
+    peaks: dict[str, float] = {}
+    for step in steps:
+        for key, value in step.items():
+            if key.startswith("peak_memory_gib/"):
+                phase = key.split("/", 1)[1]
+                peaks[phase] = round(max(peaks.get(phase, 0.0), value), 3)
+    return peaks
+
+
+def run_peak(end_peak: float | None, figures: dict[str, Any]) -> float | None:
+    """A trial's peak (GiB). The allocator's peak read at the end of the run is only the peak since the last
+    phase began (each phase resets it to measure its own: grpo.microbatch.phase_peak_memory), so the run's
+    peak is the larger of it and every phase's (``figures["peak_gib"]``, from ``measure``)."""
+    peaks = [end_peak, *figures.get("peak_gib", {}).values()]
+    return max((p for p in peaks if p is not None), default=None)
 
 
 def run_trial(project: Path, scratch: Path, raw: dict, stage: str, settings: dict[str, Any], *,
@@ -157,7 +176,7 @@ def run_trial(project: Path, scratch: Path, raw: dict, stage: str, settings: dic
     (scratch / "trial.log").write_text(proc.stdout + proc.stderr)
     child = json.loads(result.read_text()) if result.exists() else {"rc": proc.returncode}
     speed, figures = measure(scratch, stage, benchmark)
-    peak = child.get("peak_allocated_gib")
+    peak = run_peak(child.get("peak_allocated_gib"), figures)
     ooms = child.get("oom_events", 0) + child.get("cuda_ooms", 0)
     if child["rc"] != 0 or ooms:
         status = "oom" if ooms or "out of memory" in proc.stderr.lower() else "failed"
