@@ -197,12 +197,22 @@ def environment(smoke: bool, cap: float | None) -> dict:
     return info
 
 
+def run_peak_gib(result: dict) -> float | None:
+    """A stage's allocator peak over its run. The peak recorded at exit is the process's since its last
+    reset, and the train stage resets it at each phase of each step to measure that phase
+    (grpo.microbatch.phase_peak_memory): its run peak is the larger of that and its phases' peaks."""
+    from grpo.tuning.trial import phase_peaks, run_peak
+
+    steps = result.get("metrics", {}).get("steps", [])
+    return run_peak(result.get("measured", {}).get("peak_allocated_GiB"), {"peak_gib": phase_peaks(steps)})
+
+
 def summary_line(r: dict) -> str:
     m, plan = r.get("measured", {}), r.get("plan", {})
     speed = r.get("metrics", {}).get("tokens_per_s")
     if speed is None and r.get("metrics", {}).get("steps"):
         speed = r["metrics"]["steps"][-1].get("rollout_tokens_per_s")
-    cells = [r["stage"], r["rc"], r.get("wall_s", ""), m.get("peak_allocated_GiB", ""), m.get("peak_reserved_GiB", ""),
+    cells = [r["stage"], r["rc"], r.get("wall_s", ""), run_peak_gib(r) or "", m.get("peak_reserved_GiB", ""),
              plan.get("peak_GiB", ""), "" if speed is None else round(speed)]
     return "  ".join(f"{c!s:>{w}}" for c, w in zip(cells, (24, 6, 7, 10, 9, 9, 8)))
 
@@ -258,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["plan_error"] = f"{type(exc).__name__}: {exc}"
         result["plan"] = planned.get(name, {})
         result["metrics"] = stage_metrics(args.work, name)
+        result["peak_allocated_run_GiB"] = run_peak_gib(result)
         results["stages"].append(result)
         print(summary_line(result), flush=True)
         (out / f"{args.name}.json").write_text(json.dumps(results, indent=1, sort_keys=True))

@@ -10,6 +10,7 @@ import re
 import pytest
 import yaml
 
+from bench.gpu_stages import run_peak_gib
 from grpo.config import EvaluateParams, LoraParams, PrepareParams, ProtocolParams, TrainParams, load_params
 from grpo.memory_plan import (CUDA_RUNTIME_BYTES, GENERATION_MARGIN, GIB, KNOWN_ARCHS, Arch, Phase, lora_params,
                               max_slots, plan_generation, plan_memory, resolve_arch, weight_bytes)
@@ -376,7 +377,8 @@ def test_check_bad_params_and_missing_gpu_exit_2(capsys, tmp_path):
 def test_stage_plans_bound_the_peaks_measured_under_the_8gib_cap():
     """bench/gpu_stages.py ran every stage of the 8 GB preset on an H200 capped at 7.5 GiB (random weights at
     the R1-Distill-1.5B shape): each stage's plan (with its 0.75 GiB runtime allowance) plus the engine's
-    generation margin is never below the measured allocator peak, and at most 1 GiB above it. The long
+    generation margin is never below the measured allocator peak over the run (train's: its generation
+    phase's, 6.14 GiB, above the 5.66 its process recorded at exit), and at most 1 GiB above it. The long
     evaluations come closest: captured CUDA graphs hold sampling buffers per length bucket
     (bench/results/decode_memory.json), which the plan leaves to its allowance and margin. gsm8k ran in a
     second call on the same machine (gpu_stages_gsm8k.json: the first reached its deadline)."""
@@ -384,7 +386,7 @@ def test_stage_plans_bound_the_peaks_measured_under_the_8gib_cap():
                for name in ("gpu_stages.json", "gpu_stages_gsm8k.json")]
     checked = []
     for stage in (stage for record in records for stage in record["stages"]):
-        measured, plan = stage.get("measured", {}).get("peak_allocated_GiB"), stage.get("plan", {}).get("peak_GiB")
+        measured, plan = run_peak_gib(stage), stage.get("plan", {}).get("peak_GiB")
         if stage["rc"] != 0 or not measured or plan is None:
             continue
         assert measured <= plan + GENERATION_MARGIN / GIB, stage["stage"]
