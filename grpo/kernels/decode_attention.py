@@ -38,12 +38,16 @@ def layout_supported(head_dim: int, group: int) -> bool:
     return head_dim >= 16 and head_dim & (head_dim - 1) == 0 and group <= 64
 
 
-def fused_supported(device: torch.device, head_dim: int, group: int) -> bool:
-    """Whether the kernel can run here for this head layout: an Ampere or newer GPU (bf16 tensor-core
-    products; older cards keep the PyTorch attention, which no test here could cover), or Triton's
-    interpreter."""
+def triton_runs(device: torch.device) -> bool:
+    """Whether the decoder's Triton kernels run on ``device``: an Ampere or newer GPU (bf16 tensor-core
+    products; older cards keep the PyTorch paths, which no test here could cover), or Triton's interpreter."""
     on_device = _interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))
-    return triton is not None and on_device and layout_supported(head_dim, group)
+    return triton is not None and on_device
+
+
+def fused_supported(device: torch.device, head_dim: int, group: int) -> bool:
+    """Whether the kernel can run here (``triton_runs``) for this head layout."""
+    return triton_runs(device) and layout_supported(head_dim, group)
 
 
 if triton is not None:

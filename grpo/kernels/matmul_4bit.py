@@ -76,12 +76,6 @@ class Weight4bit:
         return dequantized(self.source).to(dtype)
 
 
-def supported(device: torch.device) -> bool:
-    """Whether the kernels run here: an Ampere or newer GPU (bf16 tensor cores), or Triton's interpreter."""
-    on_device = _interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 0))
-    return triton is not None and on_device
-
-
 if triton is not None:
 
     @triton.jit

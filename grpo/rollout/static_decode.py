@@ -34,8 +34,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from grpo.kernels.decode_attention import decode_attention, fused_supported
-from grpo.kernels.matmul_4bit import supported as supported_4bit
+from grpo.kernels.decode_attention import decode_attention, fused_supported, triton_runs
 from grpo.model.dequant import drop_dense_copies, linear4bit_modules
 from grpo.rollout.sampling import row_keys, sample
 from grpo.rollout.slots import SlotSchedule, Wave
@@ -98,7 +97,7 @@ class StaticDecoder:
         self._part1 = torch.compile(qkv_projection, dynamic=False) if self.compile else qkv_projection
         self._part2 = torch.compile(output_and_mlp, dynamic=False) if self.compile else output_and_mlp
         self._project = torch.compile(output_projection, dynamic=False) if self.compile else output_projection
-        self.read_4bit_mlp = read_4bit_mlp and bool(self._quantised) and supported_4bit(self.device)
+        self.read_4bit_mlp = read_4bit_mlp and bool(self._quantised) and triton_runs(self.device)
         if read_4bit_mlp and not self.read_4bit_mlp:
             log.warning("generation_mlp_4bit: the 4-bit MLP kernels need a 4-bit base and Triton on an Ampere "
                         "or newer GPU; decoding from a dense copy instead")
