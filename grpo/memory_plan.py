@@ -298,7 +298,8 @@ def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens
     in_flight, generation = fitted_generation(
         arch, p.generation_batch_size, budget if cuda else None, sum(v for _, v in resident), dtype=compute_dtype,
         quantised=quantised, prompt_tokens=prompt_tokens, new_tokens=new_tokens, static_decoder=static,
-        lora_targets=tuple(p.lora.targets), merge_lora=p.generation_merge_lora, read_4bit_mlp=p.generation_mlp_4bit,
+        lora_targets=tuple(p.lora.targets), merge_lora=p.generation_merge_lora,
+        read_4bit_mlp=p.generation_mlp_4bit and quantised,  # the decoder reads a 4-bit base only
         top_p=p.top_p, top_k=p.top_k)
     training = plan_training(arch, p, dtype=compute_dtype, prompt_tokens=prompt_tokens, cuda=cuda)
     # train.dense_training: the step's own dense copy while it trains (freed before the next rollouts), unless

@@ -145,6 +145,9 @@ def test_a_4bit_mlp_read_in_4_bits_is_not_copied():
     assert read["kv_cache"] == copied["kv_cache"] and read["decode_step"] == copied["decode_step"]
     mlp_lora = dict(shape, lora_targets=("q_proj", "down_proj"))
     assert plan_generation(r1, read_4bit_mlp=True, **mlp_lora) == plan_generation(r1, **mlp_lora)
+    # an unquantised base has no 4-bit MLP to read: the train stage's plan ignores the flag, as the decoder does
+    bf16 = dataclasses.replace(PARAMS, quantization="none")
+    assert train_plan(dataclasses.replace(bf16, generation_mlp_4bit=True), cuda=True) == train_plan(bf16, cuda=True)
 
 
 def test_arch_counts_match_a_real_model(tiny_model_dir):
