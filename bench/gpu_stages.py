@@ -212,7 +212,8 @@ def summary_line(r: dict) -> str:
     speed = r.get("metrics", {}).get("tokens_per_s")
     if speed is None and r.get("metrics", {}).get("steps"):
         speed = r["metrics"]["steps"][-1].get("rollout_tokens_per_s")
-    cells = [r["stage"], r["rc"], r.get("wall_s", ""), run_peak_gib(r) or "", m.get("peak_reserved_GiB", ""),
+    cells = [r["stage"], r["rc"], r.get("wall_s", ""), r.get("peak_allocated_run_GiB") or "",
+             m.get("peak_reserved_GiB", ""),
              plan.get("peak_GiB", ""), "" if speed is None else round(speed)]
     return "  ".join(f"{c!s:>{w}}" for c, w in zip(cells, (24, 6, 7, 10, 9, 9, 8)))
 
