@@ -1,0 +1,149 @@
+"""Why the 4-bit MLP kernels failed on the H100 (2026-12-05, seventh session), and which launch settings fit.
+
+    python3 bench/matmul_4bit_probe.py     (writes $OUT/matmul_4bit_probe.json; default bench/results/)
+
+The first device run of grpo/kernels/matmul_4bit.py showed two failures: the fp32 SwiGLU test asked for
+245,760 bytes of shared memory (the H100 allows 232,448), and the train stage's decoder with
+``train.generation_mlp_4bit`` stopped with "operation failed due to a previous error during capture". This
+probe takes the kernels apart at the R1-Distill-Qwen-1.5B MLP's shapes (random nf4 weights, bitsandbytes'
+own quantiser): for each dtype, rows (16 and 64) and Triton's ``num_stages`` / ``num_warps``:
+- an eager call against bitsandbytes' de-quantisation and ``F.linear`` (the error, with its traceback);
+- the same call warmed up on a side stream and captured as a CUDA graph, as the static decoder does, replayed
+  and compared;
+- the replay's time (the MLP of one layer at one decode step: gate/up fused, then down with split K).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from grpo.kernels import matmul_4bit as mk  # noqa: E402
+from grpo.model.dequant import dequantized  # noqa: E402
+
+OUT = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
+HIDDEN, INTER = 1536, 8960
+
+
+def layer(n: int, k: int, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    import bitsandbytes as bnb
+
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.02
+    lin = bnb.nn.Linear4bit(k, n, bias=False, compute_dtype=dtype, quant_type="nf4", compress_statistics=True)
+    lin.weight = bnb.nn.Params4bit(w, requires_grad=False, quant_type="nf4", compress_statistics=True)
+    return lin.to("cuda")
+
+
+def mlp(x: torch.Tensor, gate, up, down, launch: dict) -> torch.Tensor:
+    """grpo.kernels.matmul_4bit's two calls, with ``launch`` (num_stages, num_warps) passed to Triton."""
+    if not launch:
+        return mk.matmul_4bit(mk.swiglu_4bit(x, gate, up), down)
+    kernel = mk._matmul_4bit_kernel
+    original = kernel.run
+
+    def run(*args, **kwargs):
+        return original(*args, **{**kwargs, **launch})
+
+    kernel.run = run
+    try:
+        return mk.matmul_4bit(mk.swiglu_4bit(x, gate, up), down)
+    finally:
+        kernel.run = original
+
+
+def probe(dtype: torch.dtype, rows: int, launch: dict, weights, dense) -> dict:
+    gate, up, down = weights
+    x = torch.randn(rows, HIDDEN, device="cuda", dtype=dtype)
+    expected = F.linear(F.silu(F.linear(x, dense[0])) * F.linear(x, dense[1]), dense[2])
+    res: dict = {"dtype": str(dtype).split(".")[-1], "rows": rows, **launch}
+    try:
+        got = mlp(x, gate, up, down, launch)
+        torch.cuda.synchronize()
+        res["eager_max_err"] = (got.float() - expected.float()).abs().max().item()
+    except Exception as exc:  # noqa: BLE001 - the error is the finding
+        res["eager_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        res["eager_trace"] = traceback.format_exc()[-1500:]
+        return res
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            mlp(x, gate, up, down, launch)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = mlp(x, gate, up, down, launch)
+        graph.replay()
+        torch.cuda.synchronize()
+        res["graph_max_err"] = (out.float() - expected.float()).abs().max().item()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(20):
+            graph.replay()
+        start.record()
+        for _ in range(200):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        res["graph_us"] = round(start.elapsed_time(end) / 200 * 1000, 1)
+    except Exception as exc:  # noqa: BLE001
+        res["graph_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        res["graph_trace"] = traceback.format_exc()[-1500:]
+    return res
+
+
+def dense_us(dtype: torch.dtype, rows: int, dense) -> float:
+    """The dense copy's MLP at the same rows, captured: the baseline the 4-bit read must beat."""
+    x = torch.randn(rows, HIDDEN, device="cuda", dtype=dtype)
+    fn = lambda: F.linear(F.silu(F.linear(x, dense[0])) * F.linear(x, dense[1]), dense[2])  # noqa: E731
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(20):
+        graph.replay()
+    start.record()
+    for _ in range(200):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return round(start.elapsed_time(end) / 200 * 1000, 1)
+
+
+def main() -> None:
+    results = {"device": torch.cuda.get_device_name(), "triton_interpret": os.environ.get("TRITON_INTERPRET"),
+               "runs": [], "dense_us": {}}
+    launches = [{}, {"num_stages": 1}, {"num_stages": 2}, {"num_stages": 2, "num_warps": 8},
+                {"num_stages": 3, "num_warps": 8}, {"num_stages": 4}]
+    for dtype in (torch.bfloat16, torch.float32):
+        mods = [layer(INTER, HIDDEN, dtype, 0), layer(INTER, HIDDEN, dtype, 1), layer(HIDDEN, INTER, dtype, 2)]
+        weights = [mk.Weight4bit.of(m) for m in mods]
+        dense = [dequantized(m).to(dtype) for m in mods]
+        for rows in (16, 64):
+            results["dense_us"][f"{dtype}-{rows}"] = dense_us(dtype, rows, dense)
+            for launch in launches:
+                res = probe(dtype, rows, launch, weights, dense)
+                print({k: v for k, v in res.items() if not k.endswith("trace")}, flush=True)
+                results["runs"].append(res)
+                OUT.mkdir(parents=True, exist_ok=True)
+                (OUT / "matmul_4bit_probe.json").write_text(json.dumps(results, indent=1))
+    print("dense MLP (captured) us:", results["dense_us"])
+    for res in results["runs"]:
+        for key in ("eager_trace", "graph_trace"):
+            if key in res:
+                print(f"--- {res['dtype']} rows {res['rows']} {key} ---\n{res[key]}")
+                break
+
+
+if __name__ == "__main__":
+    main()
