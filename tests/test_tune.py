@@ -434,3 +434,18 @@ def test_live_memory_is_summed_by_the_innermost_project_frame_and_tabled_with_it
     assert rows["(the rest)"] == ["0.000", "0.094", "+0.094"]  # step.py's 64 MiB and adamw's 32 MiB
     assert rows["total allocated"][-1] == "+1.094"
     assert rows["reserved by the allocator"] == ["2.000", "4.000", "+2.000"]
+
+
+def test_a_failed_trial_is_described_by_its_error_not_the_progress_bar_redrawn_after_it():
+    from grpo.tuning.trial import failure_line
+
+    # the stderr of the H100 trial with generation_mlp_4bit (2026-12-05): the bar is redrawn after the error
+    stderr = ("train:   0%|          | 0/3 [00:00<?, ?step/s]\n"
+              "error: AcceleratorError: CUDA error: operation failed due to a previous error during capture\n"
+              "For debugging consider passing CUDA_LAUNCH_BLOCKING=1\n\n"
+              "train:   0%|          | 0/3 [00:05<?, ?step/s]\n")
+    assert failure_line(stderr, 1) == ("error: AcceleratorError: CUDA error: operation failed due to a previous "
+                                       "error during capture")
+    # no error line (a crash outside grpo.cli): the last line that is not a bar
+    assert failure_line("Traceback ...\nKeyError: 'x'\nsft:  50%|#####     | 1/2 [00:01<00:01]\n", 1) == "KeyError: 'x'"
+    assert failure_line("", -9) == "exit -9"

@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import resource
 import runpy
 import statistics
@@ -35,6 +36,7 @@ from grpo.measured import SENT, TRAIN, eval_log, read_log
 ROOT = Path(__file__).resolve().parents[2]
 GIB = 2**30
 VAL_TOKENS = 8  # a trial's closing validation: tokens a response
+TQDM_BAR = re.compile(r"\d+%\|.*\|")  # a tqdm progress bar: "train:   0%|          | 0/3 [...]"
 OOM_PREFIX = "OOM in "  # AdaptiveBatchSize.shrink's warning: an out-of-memory error the engine absorbed
 
 
@@ -155,6 +157,15 @@ def run_peak(end_peak: float | None, figures: dict[str, Any]) -> float | None:
     return max((p for p in peaks if p is not None), default=None)
 
 
+def failure_line(stderr: str, rc: int) -> str:
+    """Why a trial's process failed, in one line: its last ``error:`` line (grpo.cli's report), else its last
+    line that is not a progress bar (tqdm redraws its bar on stderr as the stage dies, after the error)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    others = [line for line in lines if not TQDM_BAR.search(line)]
+    return ((errors or others)[-1:] or [f"exit {rc}"])[0][:200]
+
+
 def run_trial(project: Path, scratch: Path, raw: dict, stage: str, settings: dict[str, Any], *,
               benchmark: str | None = None, workload: Workload = Workload(), cap_gib: float | None = None,
               timeout_s: float = 600.0, profile_dir: Path | None = None) -> Outcome:
@@ -180,8 +191,8 @@ def run_trial(project: Path, scratch: Path, raw: dict, stage: str, settings: dic
     ooms = child.get("oom_events", 0) + child.get("cuda_ooms", 0)
     if child["rc"] != 0 or ooms:
         status = "oom" if ooms or "out of memory" in proc.stderr.lower() else "failed"
-        last = [line for line in proc.stderr.splitlines() if line.strip()][-1:] or [f"exit {child['rc']}"]
-        detail = f"{ooms} out-of-memory event(s) absorbed" if child["rc"] == 0 else last[0][:200]
+        detail = f"{ooms} out-of-memory event(s) absorbed" if child["rc"] == 0 else \
+            failure_line(proc.stderr, child["rc"])
         return Outcome(status, speed, peak, wall, detail, figures)
     return Outcome("ok", speed, peak, wall, "", figures)
 
