@@ -38,6 +38,7 @@ from grpo.model.dequant import dequantized
 
 if triton is not None:
     import triton.language as tl
+    from triton.runtime.errors import OutOfResources
 
 BLOCK_N, BLOCK_K = 64, 128
 MIN_PROGRAMS = 256  # split K until a call has this many programs: ~2 waves on a 132-SM H100 or H200
@@ -134,10 +135,40 @@ if triton is not None:
         tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
 
 
+def launch_options() -> list[tuple[int, int]]:
+    """(BLOCK_N, Triton's num_stages) to try in turn: the first that compiles within the GPU's shared memory
+    wins. The fused gate/up kernel holds two weights' tiles and their scales in every pipeline stage: in fp32
+    at three stages it asked for 240 KiB on an H100 (227 KiB there; RTX cards have 99 KiB), so fewer stages
+    and then narrower tiles follow."""
+    return [(BLOCK_N, 3), (BLOCK_N, 2), (BLOCK_N // 2, 2), (BLOCK_N // 2, 1), (16, 1)]
+
+
+_CHOSEN: dict[tuple, tuple[int, int]] = {}  # what compiled, by (device, dtype, fused, rows' tile, tile)
+
+
 def _launch(x: Tensor, w: Weight4bit, up: Weight4bit | None) -> Tensor:
+    """The kernel at the first of ``launch_options`` that fits the GPU (remembered: later calls, graph
+    captures among them, launch what compiled at once; compiling happens outside a capture, in the decoder's
+    warm-up run)."""
     rows = x.shape[0]
     block_m = max(16, triton.next_power_of_2(min(rows, 64)))
-    tiles = triton.cdiv(w.out_features, BLOCK_N) * triton.cdiv(rows, block_m)
+    key = (x.device, x.dtype, up is not None, block_m, BLOCK_N, BLOCK_K)
+    options = [_CHOSEN[key]] if key in _CHOSEN else launch_options()
+    for option in options[:-1]:
+        try:
+            out = _run(x, w, up, block_m, *option)
+        except OutOfResources:
+            continue
+        _CHOSEN[key] = option
+        return out
+    out = _run(x, w, up, block_m, *options[-1])  # the last option's error, if it fails too, is the caller's
+    _CHOSEN[key] = options[-1]
+    return out
+
+
+def _run(x: Tensor, w: Weight4bit, up: Weight4bit | None, block_m: int, block_n: int, stages: int) -> Tensor:
+    rows = x.shape[0]
+    tiles = triton.cdiv(w.out_features, block_n) * triton.cdiv(rows, block_m)
     k_blocks = triton.cdiv(w.in_features, BLOCK_K)
     split = 1 if up is not None else min(k_blocks, triton.cdiv(MIN_PROGRAMS, tiles))
     per_split = triton.cdiv(k_blocks, split)
@@ -145,13 +176,13 @@ def _launch(x: Tensor, w: Weight4bit, up: Weight4bit | None) -> Tensor:
     out = (torch.empty(rows, w.out_features, dtype=x.dtype, device=x.device) if split == 1 else
            torch.empty(split, rows, w.out_features, dtype=torch.float32, device=x.device))
     up_weight = up or w
-    _matmul_4bit_kernel[(triton.cdiv(w.out_features, BLOCK_N), triton.cdiv(rows, block_m), split)](
+    _matmul_4bit_kernel[(triton.cdiv(w.out_features, block_n), triton.cdiv(rows, block_m), split)](
         x, x.stride(0), out, out.stride(-2), out.stride(0) if split > 1 else 0, rows, w.out_features, w.in_features,
         w.packed, w.absmax, up_weight.packed, up_weight.absmax, w.code, per_split,
-        BLOCKSIZE=w.blocksize, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, SWIGLU=up is not None,
+        BLOCKSIZE=w.blocksize, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, SWIGLU=up is not None,
         # fp32 gets exact (not TF32) products; so does everything under the interpreter, whose bf16 tl.dot
         # is wrong (numpy has no bf16)
-        DOT_IEEE=x.dtype == torch.float32 or _interpreting())
+        DOT_IEEE=x.dtype == torch.float32 or _interpreting(), num_stages=stages)
     return out if split == 1 else out.sum(0).to(x.dtype)
 
 

@@ -20,7 +20,7 @@ bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed"
 
 
 def test_kernels_under_interpreter():
-    run_under_interpreter(__file__, passed=7)
+    run_under_interpreter(__file__, passed=8)
 
 
 def _layer(out_features: int, in_features: int, device: str, dtype: torch.dtype, *, quant_type: str = "nf4",
@@ -92,3 +92,40 @@ def test_swiglu_matches_the_dense_mlp(dtype):
         swiglu_4bit(h, Weight4bit.of(gate), Weight4bit.of(_layer(64, 64, device, dtype)))
     with pytest.raises(ValueError, match="in_features 96 is not a multiple of the block size 64"):
         Weight4bit.of(_layer(64, 96, device, dtype))
+
+
+def test_a_launch_that_needs_more_shared_memory_than_the_gpu_has_falls_back_and_is_remembered(monkeypatch):
+    """On the H100 the fp32 fused kernel at three pipeline stages asked for 240 KiB of shared memory (227 KiB
+    there). Triton raises OutOfResources when it loads such a kernel, before any launch; the launcher tries
+    fewer stages, then narrower tiles, and remembers what loaded. A CPU has no shared-memory limit, so the
+    kernel launch is replaced here by one that refuses what would need more than 100 KiB (an RTX card's 99)."""
+    from triton.runtime.errors import OutOfResources
+
+    from grpo.kernels import matmul_4bit as mk
+
+    tried = []
+
+    def run(x, w, up, block_m, block_n, stages):
+        tried.append((block_n, stages))
+        need = 2 * stages * block_n * 1024 + 60 * 1024  # a made-up size that grows with tiles and stages
+        if need > 99 * 1024:
+            raise OutOfResources(need, 99 * 1024, "shared memory")
+        return torch.full((x.shape[0], w.out_features), float(block_n * 10 + stages))
+
+    monkeypatch.setattr(mk, "_run", run)
+    monkeypatch.setattr(mk, "_CHOSEN", {})
+    weight = mk.Weight4bit.of(_layer(64, 128, "cpu", torch.float32))
+    x = torch.ones(4, 128)
+    assert mk._launch(x, weight, None)[0, 0].item() == 16 * 10 + 1  # (64, 3) ... (32, 1) refused; (16, 1) fits
+    assert tried == mk.launch_options()
+    tried.clear()
+    mk._launch(x, weight, None)
+    assert tried == [(16, 1)]  # remembered: nothing is compiled again, e.g. inside a CUDA graph capture
+    tried.clear()
+    mk._launch(torch.ones(64, 128), weight, None)  # another tile of rows: its own search
+    assert tried == mk.launch_options()
+
+    monkeypatch.setattr(mk, "_CHOSEN", {})
+    monkeypatch.setattr(mk, "launch_options", lambda: [(64, 3), (64, 2)])
+    with pytest.raises(OutOfResources):  # nothing fits: the last option's error reaches the caller
+        mk._launch(x, weight, None)
