@@ -246,3 +246,21 @@ def test_recaptured_graphs_leave_no_memory_behind(tiny_model_dir, tokenizer, pro
     for _ in range(3):
         assert _ids(engine, prompts, params) == first
     assert torch.cuda.memory_allocated() == held
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU")
+def test_cuda_graph_decode_with_the_mlp_read_in_4_bits_matches_generate(tiny_model_dir, tokenizer, prompts):
+    """The 4-bit MLP kernels inside captured decode steps (on the H100 the train stage's first capture with
+    them failed, "operation failed due to a previous error during capture", where the eager tests passed)."""
+    from grpo.rollout.static_layers import Mlp4bit
+
+    model = _with_lora(load_policy_model(tiny_model_dir, quantization="nf4", compute_dtype="float32",
+                                         device="cuda", gradient_checkpointing=False),
+                       targets=("q_proj", "v_proj", "o_proj"))
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    decoder = StaticDecoder(model, bucket=16, sync_every=8, read_4bit_mlp=True)
+    engine = NativeEngine(model, tokenizer, batch_size=3, backend="static", decoder=decoder, release_dense=False)
+    assert decoder.cuda_graphs and decoder.read_4bit_mlp
+    assert _ids(engine, prompts, params) == hf
+    assert all(isinstance(w2[-1], Mlp4bit) for _, w2 in decoder.weights)
