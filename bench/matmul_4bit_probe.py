@@ -57,50 +57,8 @@ def mlp(x: torch.Tensor, gate, up, down, launch: dict) -> torch.Tensor:
         kernel.run = original
 
 
-def probe(dtype: torch.dtype, rows: int, launch: dict, weights, dense) -> dict:
-    gate, up, down = weights
-    x = torch.randn(rows, HIDDEN, device="cuda", dtype=dtype)
-    expected = F.linear(F.silu(F.linear(x, dense[0])) * F.linear(x, dense[1]), dense[2])
-    res: dict = {"dtype": str(dtype).split(".")[-1], "rows": rows, **launch}
-    try:
-        got = mlp(x, gate, up, down, launch)
-        torch.cuda.synchronize()
-        res["eager_max_err"] = (got.float() - expected.float()).abs().max().item()
-    except Exception as exc:  # noqa: BLE001 - the error is the finding
-        res["eager_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        res["eager_trace"] = traceback.format_exc()[-1500:]
-        return res
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            mlp(x, gate, up, down, launch)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = mlp(x, gate, up, down, launch)
-        graph.replay()
-        torch.cuda.synchronize()
-        res["graph_max_err"] = (out.float() - expected.float()).abs().max().item()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(20):
-            graph.replay()
-        start.record()
-        for _ in range(200):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        res["graph_us"] = round(start.elapsed_time(end) / 200 * 1000, 1)
-    except Exception as exc:  # noqa: BLE001
-        res["graph_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
-        res["graph_trace"] = traceback.format_exc()[-1500:]
-    return res
-
-
-def dense_us(dtype: torch.dtype, rows: int, dense) -> float:
-    """The dense copy's MLP at the same rows, captured: the baseline the 4-bit read must beat."""
-    x = torch.randn(rows, HIDDEN, device="cuda", dtype=dtype)
-    fn = lambda: F.linear(F.silu(F.linear(x, dense[0])) * F.linear(x, dense[1]), dense[2])  # noqa: E731
+def captured(fn) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+    """``fn`` warmed up on a side stream, then captured, as the static decoder does; replayed once."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -108,16 +66,52 @@ def dense_us(dtype: torch.dtype, rows: int, dense) -> float:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        out = fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, reps: int = 200) -> float:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for _ in range(20):
         graph.replay()
     start.record()
-    for _ in range(200):
+    for _ in range(reps):
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return round(start.elapsed_time(end) / 200 * 1000, 1)
+    return round(start.elapsed_time(end) / reps * 1000, 1)
+
+
+def dense_mlp(x: torch.Tensor, dense) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, dense[0])) * F.linear(x, dense[1]), dense[2])
+
+
+def probe(dtype: torch.dtype, rows: int, launch: dict, weights, dense) -> dict:
+    x = torch.randn(rows, HIDDEN, device="cuda", dtype=dtype)
+    expected = dense_mlp(x, dense).float()
+    res: dict = {"dtype": str(dtype).split(".")[-1], "rows": rows, **launch}
+    for mode in ("eager", "graph"):
+        try:
+            if mode == "eager":
+                got = mlp(x, *weights, launch)
+                torch.cuda.synchronize()
+            else:
+                graph, got = captured(lambda: mlp(x, *weights, launch))
+                res["graph_us"] = replay_us(graph)
+            res[f"{mode}_max_err"] = (got.float() - expected).abs().max().item()
+        except Exception as exc:  # noqa: BLE001 - the error is the finding
+            res[f"{mode}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            res[f"{mode}_trace"] = traceback.format_exc()[-1500:]
+            break
+    return res
+
+
+def dense_us(dtype: torch.dtype, rows: int, dense) -> float:
+    """The dense copy's MLP at the same rows, captured: the baseline the 4-bit read must beat."""
+    x = torch.randn(rows, HIDDEN, device="cuda", dtype=dtype)
+    return replay_us(captured(lambda: dense_mlp(x, dense))[0])
 
 
 def main() -> None:
