@@ -20,13 +20,12 @@ One call, ``compare(gold, pred, symmetric, timeout_s=..., retry_after_s=...)``:
   caller reports as such and never caches as a verdict.
 - A worker that dies without answering (a crash inside sympy) counts as "not shown equal".
 
-POSIX only (``fork``, ``select`` and file-descriptor passing on Unix sockets).
+POSIX only (``fork``, selectors and file-descriptor passing on Unix sockets).
 """
 from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import socket
 import subprocess
@@ -35,6 +34,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from grpo.verify.latex_worker import readable
 
 START_TIMEOUT_S = 120.0  # importing sympy and warming up on a loaded 2-core machine can take a while
 
@@ -58,7 +59,7 @@ def _read_line(sock: socket.socket, buffer: bytes, deadline: float) -> tuple[byt
     """(one line, the bytes after it); (None, ...) on timeout or end of stream."""
     while b"\n" not in buffer:
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([sock], [], [], remaining)[0]:
+        if remaining <= 0 or not readable([sock], remaining):
             return None, buffer
         chunk = sock.recv(4096)
         if not chunk:
@@ -153,7 +154,7 @@ class LatexPool:
         are closed and removed from ``busy``."""
         while busy:
             remaining = deadline - time.monotonic()
-            ready = select.select([w.sock for w in busy], [], [], remaining)[0] if remaining > 0 else []
+            ready = readable([w.sock for w in busy], remaining) if remaining > 0 else []
             if not ready:
                 return None, b""
             for worker in [w for w in busy if w.sock in ready]:

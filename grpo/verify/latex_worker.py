@@ -24,13 +24,22 @@ import json
 import logging
 import os
 import resource
-import select
+import selectors
 import signal
 import socket
 import sys
 
 MEMORY_LIMIT_BYTES = 4 << 30  # address space; a MemoryError inside math-verify reads as "not equal"
 PARENT_POLL_S = 1.0
+
+
+def readable(socks: list[socket.socket], timeout_s: float) -> list[socket.socket]:
+    """The sockets of ``socks`` with data (or end of stream) within ``timeout_s``. A selector, not
+    ``select.select``, which refuses file descriptors past 1024, as a long-lived process has."""
+    with selectors.DefaultSelector() as selector:
+        for sock in socks:
+            selector.register(sock, selectors.EVENT_READ)
+        return [key.fileobj for key, _ in selector.select(max(timeout_s, 0.0))]
 # One pair of each kind whose first comparison is slow: polynomials (simplify), relations, matrices,
 # intervals and unions, sets, roots, trigonometry, equations solved for a variable, logarithms, tuples.
 WARM_UP = (
@@ -102,7 +111,7 @@ def _fork_workers(control: socket.socket, parent_pid: int) -> None:
     own forks may keep the channel open, so the parent's pid is polled as well.
     """
     while _parent_alive(parent_pid):
-        if not select.select([control], [], [], PARENT_POLL_S)[0]:
+        if not readable([control], PARENT_POLL_S):
             continue
         message, fds, _, _ = socket.recv_fds(control, 1, 1)
         if not message:

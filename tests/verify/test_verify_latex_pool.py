@@ -85,3 +85,29 @@ def test_rewards_count_timeouts():
                              {"correctness": 1.0}, ["stop"] * 3, [5] * 3, 16)
     assert scored.per_fn["correctness"] == [0.0, 1.0, 0.0]
     assert scored.verify_timeouts == 1
+
+
+def test_a_process_holding_more_than_1024_file_descriptors_still_compares():
+    """``select.select`` refuses descriptors past 1024 (FD_SETSIZE); the test session once held that many,
+    and every LaTeX comparison then failed with "filedescriptor out of range in select()"."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if min(hard, 4096) < 1200:
+        pytest.skip(f"the open-file limit ({hard}) leaves no room past 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:  # the pool's sockets are opened after these, past 1100
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        pool = LatexPool()
+        try:
+            assert pool.compare("\\frac{1}{2}", "0.5", False, timeout_s=120.0, retry_after_s=120.0)
+            assert pool.compare("\\frac{1}{3}", "0.5", False, timeout_s=120.0, retry_after_s=120.0) is False
+        finally:
+            pool.stop()
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
