@@ -183,9 +183,12 @@ class Tuner:
                 if value == best[key]:
                     continue
                 candidate = {**best, key: value}
-                skip = ("only saves memory, and a setting that needs more ran cleanly"
-                        if self.gpu and best_outcome.status == "ok" and leaner(key, value, best[key]) else "")
-                outcome = self.trial(stage, benchmark, candidate, skip)
+                if candidate == current:  # back at the shipped settings (a shipped compile): tried first
+                    outcome = shipped
+                else:
+                    skip = ("only saves memory, and a setting that needs more ran cleanly"
+                            if self.gpu and best_outcome.status == "ok" and leaner(key, value, best[key]) else "")
+                    outcome = self.trial(stage, benchmark, candidate, skip)
                 if outcome.status == "pruned":
                     shrunk = self.shrunk_to_fit(stage, benchmark, candidate, key)
                     if shrunk is not None:
