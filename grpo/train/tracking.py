@@ -140,8 +140,18 @@ class Tracker:
         self.save_measured()
         self.live.summary = _canonical(_merged(self.live.summary, round_floats(summary)))
         self.live.end()
+        close_dvc_repo(self.live)
         if self.wandb is not None:
             self.wandb.finish(round_floats(summary), samples)
+
+
+def close_dvc_repo(live: Live) -> None:
+    """Close the DVC repo that ``Live`` opens to find the project and leaves open after ``end()``: its git
+    pack files and caches, about 28 descriptors a run, which a process that trains more than once (the test
+    session, a notebook) piles up (DVC's own leak of this kind: treeverse/dvc#9089)."""
+    repo = getattr(live, "_dvc_repo", None)  # private: DVCLive has no public way to release it
+    if repo is not None:
+        repo.close()
 
 
 def _merged(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:

@@ -31,12 +31,15 @@ def make_run(root: Path, rows: list[tuple[int, float, float]], missing: tuple[in
     the train stage writes it, and the rows' checkpoints."""
     from dvclive import Live
 
+    from grpo.train.tracking import close_dvc_repo
+
     live = Live(str(root / "metrics" / "train"), save_dvc_exp=False, dvcyaml=None)
     for step, accuracy, length in rows:
         live.step = step
         for name, value in (("accuracy", accuracy), ("format_rate", 0.5), ("completions/mean_length", length)):
             live.log_metric(f"eval/{name}", value)
         live.next_step()
+    close_dvc_repo(live)
     for step, _, _ in rows:
         if step not in missing:
             make_adapter(root / "models" / "checkpoints" / f"step-{step:06d}" / "adapter", float(step))
