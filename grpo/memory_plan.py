@@ -175,7 +175,8 @@ def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, 
     (default: all ``sequences``). ``lora_targets`` are the LoRA layers on the model (merged into the
     decoder's copy when ``merge_lora``, for the layers it merges). ``read_4bit_mlp``: the decoder reads a
     4-bit MLP without LoRA in 4 bits (grpo/kernels/matmul_4bit.py): no copy of it, an fp32 absmax a block
-    of 64 instead, and one layer's MLP de-quantised at a time while a prompt is prefilled."""
+    of 64 instead, and one layer's MLP de-quantised at a time while a prompt is prefilled; an unquantised
+    base is copied as without it."""
     dt = DTYPE_BYTES[dtype]
     shapes = arch.linear_shapes()
     prefill_rows = sequences if prefill_rows is None else prefill_rows
@@ -187,7 +188,7 @@ def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, 
             return sum(shapes[n][0] * shapes[n][1] for n in names)
 
         mlp = ("gate_proj", "up_proj", "down_proj")
-        four_bit_mlp = read_4bit_mlp and not set(mlp) & set(lora_targets)
+        four_bit_mlp = read_4bit_mlp and quantised and not set(mlp) & set(lora_targets)  # as the decoder reads
         # a 4-bit MLP read in 4 bits is de-quantised one layer at a time while a prompt is prefilled
         prefill_copy = size(*mlp) * dt if four_bit_mlp else 0
         if quantised:  # every layer de-quantised once, LoRA merged into those copies
@@ -299,7 +300,7 @@ def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens
         arch, p.generation_batch_size, budget if cuda else None, sum(v for _, v in resident), dtype=compute_dtype,
         quantised=quantised, prompt_tokens=prompt_tokens, new_tokens=new_tokens, static_decoder=static,
         lora_targets=tuple(p.lora.targets), merge_lora=p.generation_merge_lora,
-        read_4bit_mlp=p.generation_mlp_4bit and quantised,  # the decoder reads a 4-bit base only
+        read_4bit_mlp=p.generation_mlp_4bit,
         top_p=p.top_p, top_k=p.top_k)
     training = plan_training(arch, p, dtype=compute_dtype, prompt_tokens=prompt_tokens, cuda=cuda)
     # train.dense_training: the step's own dense copy while it trains (freed before the next rollouts), unless
