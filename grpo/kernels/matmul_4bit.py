@@ -51,6 +51,7 @@ class Weight4bit:
     packed: Tensor  # uint8 [N * K / 2]
     absmax: Tensor  # fp32, one a block
     code: Tensor  # fp32 [16]: the code book (NF4's quantiles, or FP4's values)
+    quant_type: str  # the code book's name: "nf4" or "fp4"
     out_features: int
     in_features: int
     blocksize: int
@@ -69,7 +70,7 @@ class Weight4bit:
         if state.nested:  # double quantisation: 8-bit absmax codes, their own absmax, an offset
             absmax = bnbf.dequantize_blockwise(state.absmax, state.state2) + state.offset
         return cls(module.weight.data.view(-1), absmax.float().contiguous(), state.code.float().to(absmax.device),
-                   module.out_features, module.in_features, state.blocksize, module)
+                   state.quant_type, module.out_features, module.in_features, state.blocksize, module)
 
     def dense(self, dtype: torch.dtype) -> Tensor:
         """A new de-quantised copy [N, K] (bitsandbytes' own kernel): a prompt's pass over many tokens is a
@@ -194,8 +195,10 @@ def matmul_4bit(x: Tensor, w: Weight4bit) -> Tensor:
 
 def swiglu_4bit(x: Tensor, gate: Weight4bit, up: Weight4bit) -> Tensor:
     """``F.silu(x @ Wg^T) * (x @ Wu^T)`` for 4-bit gate and up weights of one shape: [..., N]."""
-    if (gate.out_features, gate.in_features, gate.blocksize) != (up.out_features, up.in_features, up.blocksize) \
-            or not torch.equal(gate.code, up.code):
+    # the check reads Python values only: comparing the code books' tensors on a GPU waits for it, which a
+    # CUDA graph capture forbids (the decoder's capture failed so on the H100, 2026-12-05)
+    if (gate.out_features, gate.in_features, gate.blocksize, gate.quant_type) \
+            != (up.out_features, up.in_features, up.blocksize, up.quant_type):
         raise ValueError("swiglu_4bit: gate and up must share their shape, block size and code book")
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     return _launch(rows, gate, up).view(*x.shape[:-1], gate.out_features)

@@ -90,6 +90,8 @@ def test_swiglu_matches_the_dense_mlp(dtype):
     torch.testing.assert_close(out, reference_mlp(h, *(Weight4bit.of(m) for m in (gate, up, down))), **_close(dtype))
     with pytest.raises(ValueError, match="share their shape"):
         swiglu_4bit(h, Weight4bit.of(gate), Weight4bit.of(_layer(64, 64, device, dtype)))
+    with pytest.raises(ValueError, match="code book"):
+        swiglu_4bit(h, Weight4bit.of(gate), Weight4bit.of(_layer(192, 64, device, dtype, quant_type="fp4")))
     with pytest.raises(ValueError, match="in_features 96 is not a multiple of the block size 64"):
         Weight4bit.of(_layer(64, 96, device, dtype))
 
