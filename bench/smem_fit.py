@@ -1,0 +1,103 @@
+"""Does every Triton kernel of grpo/kernels load on the user's card? Shared memory a program asks for, by GPU
+architecture, compiled here on a CPU (Triton's own ptxas, no GPU needed), at the launch parameters the
+R1-Distill-Qwen-1.5B decoder and trainer use.
+
+    python bench/smem_fit.py [--out bench/results/smem_fit.json]
+
+Why: a kernel that asks for more shared memory than a block may have does not load (Triton raises
+OutOfResources). The fused 4-bit gate/up kernel did so on an H100 in fp32 (2026-12-05), and the 8 GB
+preset's card, an RTX 3060 Ti (sm_86), allows 99 KiB a block against an H100's 227 KiB. The figures are
+this machine's Triton's (its version is printed); the device's Triton may lay a kernel out differently.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from grpo.kernels import decode_attention, logprob_entropy, matmul_4bit  # noqa: E402
+
+# the most shared memory one block may opt into (CUDA C Programming Guide, "Compute capabilities" table)
+CARDS = {"A100 (sm_80)": (80, 163 * 1024), "RTX 30 (sm_86)": (86, 99 * 1024), "RTX 40 (sm_89)": (89, 99 * 1024),
+         "H100/H200 (sm_90)": (90, 227 * 1024)}
+R1 = dict(heads=12, kv_heads=2, head_dim=128)  # bench/r1_model.py's attention shape
+
+
+def _matmul_4bit(dtype: str, swiglu: bool, block_n: int) -> tuple:
+    t = "fp32" if dtype == "float32" else "bf16"
+    signature = {"x_ptr": f"*{t}", "stride_xm": "i32", "out_ptr": f"*{t}", "stride_om": "i32",
+                 "stride_split": "i32", "M": "i32", "N": "i32", "K": "i32", "w_ptr": "*u8", "absmax_ptr": "*fp32",
+                 "up_ptr": "*u8", "up_absmax_ptr": "*fp32", "code_ptr": "*fp32", "k_blocks_per_split": "i32"}
+    constants = {"BLOCKSIZE": 64, "BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": matmul_4bit.BLOCK_K,
+                 "SWIGLU": swiglu, "DOT_IEEE": dtype == "float32"}
+    return matmul_4bit._matmul_4bit_kernel, signature, constants
+
+
+def _decode_attention(dtype: str) -> tuple:
+    t = "fp32" if dtype == "float32" else "bf16"
+    signature = {"qkv_ptr": f"*{t}", "qkv_stride": "i32", "cos_ptr": f"*{t}", "sin_ptr": f"*{t}", "cs_stride": "i32",
+                 "qn_ptr": f"*{t}", "kn_ptr": f"*{t}", "eps": "fp32", "kc_ptr": f"*{t}", "vc_ptr": f"*{t}",
+                 "c_stride_s": "i32", "c_stride_h": "i32", "c_stride_l": "i32", "valid_ptr": "*u8",
+                 "valid_stride": "i32", "cursor_ptr": "*i64", "out_ptr": f"*{t}", "out_stride": "i32",
+                 "scale": "fp32"}
+    group = R1["heads"] // R1["kv_heads"]
+    constants = {"HQ": R1["heads"], "HKV": R1["kv_heads"], "G": group, "GP": max(16, triton.next_power_of_2(group)),
+                 "D": R1["head_dim"], "BLOCK": decode_attention.BLOCK_L, "HAS_NORM": False,
+                 "DOT_FP32": dtype == "float32"}
+    return decode_attention._decode_attention_kernel, signature, constants
+
+
+def _logprob(kernel_name: str) -> tuple:
+    kernel = getattr(logprob_entropy, kernel_name)
+    pointers = ["lse_ptr", "logprob_ptr", "entropy_ptr"] if kernel_name == "_stats_kernel" else \
+        ["lse_ptr", "entropy_ptr", "g_lp_ptr", "g_ent_ptr"]
+    signature = {"logits_ptr": "*bf16", "targets_ptr": "*i64", **{p: "*fp32" for p in pointers},
+                 "stride": "i32", "V": "i32", "inv_t": "fp32"}
+    return kernel, signature, {"BLOCK": logprob_entropy.BLOCK_V}
+
+
+def kernels() -> list[tuple[str, int, tuple]]:
+    """(name, num_stages, (kernel, signature, constexprs)) for every launch the kernels' launchers may make:
+    the 4-bit ones at each of ``launch_options``, the others at Triton's default of 3 stages."""
+    found = []
+    for dtype in ("bfloat16", "float32"):
+        for swiglu in (True, False):
+            for block_n, stages in matmul_4bit.launch_options():
+                found.append((f"{'swiglu' if swiglu else 'matmul'}_4bit {dtype} BLOCK_N={block_n}", stages,
+                              _matmul_4bit(dtype, swiglu, block_n)))
+        found.append((f"decode_attention {dtype}", 3, _decode_attention(dtype)))
+    found.append(("logprob_entropy stats", 3, _logprob("_stats_kernel")))
+    found.append(("logprob_entropy grad", 3, _logprob("_grad_kernel")))
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("bench/results/smem_fit.json"))
+    args = parser.parse_args()
+    rows = []
+    print(f"Triton {triton.__version__}; shared memory a program asks for, in KiB (limit a block in brackets)")
+    print(f"{'kernel':40s} {'stages':>6s}  " + "  ".join(f"{c} [{lim // 1024}]" for c, (_, lim) in CARDS.items()))
+    for name, stages, (fn, signature, constants) in kernels():
+        src = ASTSource(fn, {**signature, **{k: "constexpr" for k in constants}}, constexprs=constants)
+        cells = []
+        for card, (cc, limit) in CARDS.items():
+            shared = triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                                    options={"num_stages": stages}).metadata.shared
+            rows.append({"kernel": name, "num_stages": stages, "card": card, "shared_bytes": shared,
+                         "limit_bytes": limit, "fits": shared <= limit})
+            cells.append(f"{shared / 1024:.1f}{'' if shared <= limit else ' OVER'}")
+        print(f"{name:40s} {stages:6d}  " + "  ".join(f"{c:>{len(k) + 5}s}" for c, k in zip(cells, CARDS)),
+              flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
