@@ -39,7 +39,7 @@ def _matmul_4bit(dtype: str, swiglu: bool, block_n: int) -> tuple:
     return matmul_4bit._matmul_4bit_kernel, signature, constants
 
 
-def _decode_attention(dtype: str) -> tuple:
+def _decode_attention(dtype: str, block: int) -> tuple:
     t = "fp32" if dtype == "float32" else "bf16"
     signature = {"qkv_ptr": f"*{t}", "qkv_stride": "i32", "cos_ptr": f"*{t}", "sin_ptr": f"*{t}", "cs_stride": "i32",
                  "qn_ptr": f"*{t}", "kn_ptr": f"*{t}", "eps": "fp32", "kc_ptr": f"*{t}", "vc_ptr": f"*{t}",
@@ -48,7 +48,7 @@ def _decode_attention(dtype: str) -> tuple:
                  "scale": "fp32"}
     group = R1["heads"] // R1["kv_heads"]
     constants = {"HQ": R1["heads"], "HKV": R1["kv_heads"], "G": group, "GP": max(16, triton.next_power_of_2(group)),
-                 "D": R1["head_dim"], "BLOCK": decode_attention.BLOCK_L, "HAS_NORM": False,
+                 "D": R1["head_dim"], "BLOCK": block, "HAS_NORM": False,
                  "DOT_FP32": dtype == "float32"}
     return decode_attention._decode_attention_kernel, signature, constants
 
@@ -64,14 +64,16 @@ def _logprob(kernel_name: str) -> tuple:
 
 def kernels() -> list[tuple[str, int, tuple]]:
     """(name, num_stages, (kernel, signature, constexprs)) for every launch the kernels' launchers may make:
-    the 4-bit ones at each of ``launch_options``, the others at Triton's default of 3 stages."""
+    the 4-bit and attention ones at each of their ``launch_options``, the log-prob ones at Triton's default of
+    3 stages."""
     found = []
     for dtype in ("bfloat16", "float32"):
         for swiglu in (True, False):
             for block_n, stages in matmul_4bit.launch_options():
                 found.append((f"{'swiglu' if swiglu else 'matmul'}_4bit {dtype} BLOCK_N={block_n}", stages,
                               _matmul_4bit(dtype, swiglu, block_n)))
-        found.append((f"decode_attention {dtype}", 3, _decode_attention(dtype)))
+        for block, stages in decode_attention.launch_options():
+            found.append((f"decode_attention {dtype} BLOCK={block}", stages, _decode_attention(dtype, block)))
     found.append(("logprob_entropy stats", 3, _logprob("_stats_kernel")))
     found.append(("logprob_entropy grad", 3, _logprob("_grad_kernel")))
     return found

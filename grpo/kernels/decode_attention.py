@@ -20,6 +20,8 @@ import os
 import torch
 from torch import Tensor
 
+from grpo.kernels.launch import first_that_loads
+
 try:
     import triton
     import triton.language as tl
@@ -27,6 +29,12 @@ except ImportError:  # CPU-only installs without triton: the PyTorch reference i
     triton = None
 
 BLOCK_L = 64  # cache positions per iteration: [BLOCK_L, head_dim] keys and values in registers
+
+
+def launch_options() -> list[tuple[int, int]]:
+    """(BLOCK, Triton's num_stages) to try in turn (grpo/kernels/launch.py): an fp32 cache at 64 positions and
+    three stages asks for 140 KiB of shared memory, more than an RTX card's 99 KiB a block; bf16 asks 22."""
+    return [(BLOCK_L, 3), (BLOCK_L, 2), (BLOCK_L // 2, 2), (BLOCK_L // 2, 1)]
 
 
 def _interpreting() -> bool:
@@ -147,12 +155,19 @@ def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_c
     cos, sin = cos.reshape(slots, d), sin.reshape(slots, d)
     out = torch.empty(slots, n_heads * d, dtype=qkv.dtype, device=qkv.device)
     has_norm = q_norm is not None
-    _decode_attention_kernel[(slots, n_kv)](
-        qkv, qkv.stride(0), cos, sin, cos.stride(0), q_norm if has_norm else cos, k_norm if has_norm else cos, eps,
-        k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), valid.view(torch.uint8),
-        valid.stride(0), cursor, out, out.stride(0), d ** -0.5,
-        HQ=n_heads, HKV=n_kv, G=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK=BLOCK_L,
-        # fp32 caches get exact (not TF32) products; so does every dtype under Triton's interpreter, whose bf16
-        # tl.dot returns garbage (Triton 3.9: numpy has no bf16), the only place the kernel's code differs
-        HAS_NORM=has_norm, DOT_FP32=k_cache.dtype == torch.float32 or _interpreting())
+    dot_fp32 = k_cache.dtype == torch.float32 or _interpreting()
+
+    def launch(option: tuple[int, int]) -> None:
+        block, stages = option
+        _decode_attention_kernel[(slots, n_kv)](
+            qkv, qkv.stride(0), cos, sin, cos.stride(0), q_norm if has_norm else cos, k_norm if has_norm else cos,
+            eps, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), valid.view(torch.uint8),
+            valid.stride(0), cursor, out, out.stride(0), d ** -0.5,
+            HQ=n_heads, HKV=n_kv, G=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK=block,
+            HAS_NORM=has_norm, DOT_FP32=dot_fp32, num_stages=stages)
+
+    # fp32 caches get exact (not TF32) products; so does every dtype under Triton's interpreter, whose bf16
+    # tl.dot returns garbage (Triton 3.9: numpy has no bf16), the only place the kernel's code differs
+    key = ("decode_attention", qkv.device, k_cache.dtype, n_heads, n_kv, d, has_norm, dot_fp32)
+    first_that_loads(key, launch_options(), launch)
     return out

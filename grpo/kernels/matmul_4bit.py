@@ -34,11 +34,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from grpo.kernels.decode_attention import _interpreting, triton
+from grpo.kernels.launch import first_that_loads
 from grpo.model.dequant import dequantized
 
 if triton is not None:
     import triton.language as tl
-    from triton.runtime.errors import OutOfResources
 
 BLOCK_N, BLOCK_K = 64, 128
 MIN_PROGRAMS = 256  # split K until a call has this many programs: ~2 waves on a 132-SM H100 or H200
@@ -137,34 +137,17 @@ if triton is not None:
 
 
 def launch_options() -> list[tuple[int, int]]:
-    """(BLOCK_N, Triton's num_stages) to try in turn: the first that compiles within the GPU's shared memory
-    wins. The fused gate/up kernel holds two weights' tiles and their scales in every pipeline stage: in fp32
-    at three stages it asked for 240 KiB on an H100 (227 KiB there; RTX cards have 99 KiB), so fewer stages
-    and then narrower tiles follow."""
+    """(BLOCK_N, Triton's num_stages) to try in turn (grpo/kernels/launch.py): the fused gate/up kernel holds
+    two weights' tiles and their scales in every pipeline stage, 208 KiB in bf16 at three stages (288 in
+    fp32; an H100 allows 227, an RTX card 99), so fewer stages and then narrower tiles follow."""
     return [(BLOCK_N, 3), (BLOCK_N, 2), (BLOCK_N // 2, 2), (BLOCK_N // 2, 1), (16, 1)]
 
 
-_CHOSEN: dict[tuple, tuple[int, int]] = {}  # what compiled, by (device, dtype, fused, rows' tile, tile)
-
-
 def _launch(x: Tensor, w: Weight4bit, up: Weight4bit | None) -> Tensor:
-    """The kernel at the first of ``launch_options`` that fits the GPU (remembered: later calls, graph
-    captures among them, launch what compiled at once; compiling happens outside a capture, in the decoder's
-    warm-up run)."""
-    rows = x.shape[0]
-    block_m = max(16, triton.next_power_of_2(min(rows, 64)))
-    key = (x.device, x.dtype, up is not None, block_m, BLOCK_N, BLOCK_K)
-    options = [_CHOSEN[key]] if key in _CHOSEN else launch_options()
-    for option in options[:-1]:
-        try:
-            out = _run(x, w, up, block_m, *option)
-        except OutOfResources:
-            continue
-        _CHOSEN[key] = option
-        return out
-    out = _run(x, w, up, block_m, *options[-1])  # the last option's error, if it fails too, is the caller's
-    _CHOSEN[key] = options[-1]
-    return out
+    """The kernel at the first of ``launch_options`` that loads on this GPU (remembered)."""
+    block_m = max(16, triton.next_power_of_2(min(x.shape[0], 64)))
+    key = ("matmul_4bit", x.device, x.dtype, up is not None, block_m, BLOCK_N, BLOCK_K)
+    return first_that_loads(key, launch_options(), lambda option: _run(x, w, up, block_m, *option))
 
 
 def _run(x: Tensor, w: Weight4bit, up: Weight4bit | None, block_m: int, block_n: int, stages: int) -> Tensor:

@@ -19,7 +19,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 
 def test_kernel_under_interpreter():
-    run_under_interpreter(__file__, passed=4)
+    run_under_interpreter(__file__, passed=6)
 
 
 def _case(device: str, dtype: torch.dtype, n_heads: int, n_kv: int, d: int, norms: bool, seed: int = 0):
@@ -68,3 +68,24 @@ def test_matches_the_pytorch_decode_step(dtype, n_heads, n_kv, d, norms):
     torch.testing.assert_close(k_cache, ref_k, **tol)
     assert torch.equal(v_cache, ref_v)
     torch.testing.assert_close(out, ref[:, 0], **tol)
+
+
+@pytest.mark.parametrize("option", [0, -1])
+def test_the_leanest_launch_computes_the_same_step(option, monkeypatch):
+    """A card with less shared memory a block falls back to fewer pipeline stages and fewer cache positions
+    an iteration (grpo/kernels/launch.py; an fp32 cache at the first option asks 140 KiB, an RTX card
+    allows 99): the first and the last option both match the PyTorch step (80 cached positions: two
+    blocks of 64, three of 32)."""
+    from grpo.kernels import decode_attention as da
+    from grpo.kernels import launch
+
+    monkeypatch.setattr(launch, "_CHOSEN", {})
+    chosen = da.launch_options()[option]
+    monkeypatch.setattr(da, "launch_options", lambda: [chosen])
+    device = kernel_device()
+    qkv, cos, sin, k_cache, v_cache, valid, cursor, w1 = _case(device, torch.float32, 6, 2, 32, True)
+    ref = torch_decode_attention(qkv, cos, sin, k_cache.clone(), v_cache.clone(), valid, cursor, k_cache.shape[2],
+                                 w1, (6, 2, 32, 1e-6))
+    out = da.decode_attention(qkv, cos, sin, k_cache, v_cache, valid, cursor, n_heads=6, q_norm=w1[5],
+                              k_norm=w1[6], eps=1e-6)
+    torch.testing.assert_close(out, ref[:, 0], atol=1e-5, rtol=1e-5)
