@@ -40,21 +40,27 @@ def layer(n: int, k: int, dtype: torch.dtype, seed: int) -> torch.nn.Module:
     return lin.to("cuda")
 
 
-def mlp(x: torch.Tensor, gate, up, down, launch: dict) -> torch.Tensor:
-    """grpo.kernels.matmul_4bit's two calls, with ``launch`` (num_stages, num_warps) passed to Triton."""
-    if not launch:
-        return mk.matmul_4bit(mk.swiglu_4bit(x, gate, up), down)
+def mlp(x: torch.Tensor, gate, up, down, launch: dict, part: str = "both") -> torch.Tensor:
+    """grpo.kernels.matmul_4bit's two calls (``part``: both, or only ``swiglu`` or ``down``, whose input is
+    then ``x`` cut to the intermediate width), with ``launch`` (num_stages, num_warps) passed to Triton."""
     kernel = mk._matmul_4bit_kernel
-    original = kernel.run
+    original, tiles = kernel.run, (mk.BLOCK_N, mk.BLOCK_K)
+    launch = dict(launch)
+    mk.BLOCK_N, mk.BLOCK_K = launch.pop("tile", tiles)  # [BLOCK_N, BLOCK_K] weight tiles a program reads
 
     def run(*args, **kwargs):
         return original(*args, **{**kwargs, **launch})
 
     kernel.run = run
     try:
+        if part == "swiglu":
+            return mk.swiglu_4bit(x, gate, up)
+        if part == "down":
+            return mk.matmul_4bit(x.repeat(1, INTER // HIDDEN + 1)[:, :INTER].contiguous(), down)
         return mk.matmul_4bit(mk.swiglu_4bit(x, gate, up), down)
     finally:
         kernel.run = original
+        mk.BLOCK_N, mk.BLOCK_K = tiles
 
 
 def captured(fn) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -100,12 +106,26 @@ def probe(dtype: torch.dtype, rows: int, launch: dict, weights, dense) -> dict:
             else:
                 graph, got = captured(lambda: mlp(x, *weights, launch))
                 res["graph_us"] = replay_us(graph)
+                for part in ("swiglu", "down"):  # each kernel alone (down's input: x, widened)
+                    res[f"{part}_us"] = replay_us(captured(lambda: mlp(x, *weights, launch, part))[0])
             res[f"{mode}_max_err"] = (got.float() - expected).abs().max().item()
         except Exception as exc:  # noqa: BLE001 - the error is the finding
             res[f"{mode}_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
             res[f"{mode}_trace"] = traceback.format_exc()[-1500:]
             break
     return res
+
+
+def compiled_kernels() -> list[dict]:
+    """What Triton built for each launch: registers, spills, shared memory, warps, stages."""
+    found = []
+    for caches in mk._matmul_4bit_kernel.device_caches.values():
+        for key, kernel in caches[0].items():
+            meta = kernel.metadata
+            found.append({"n_regs": getattr(kernel, "n_regs", None), "n_spills": getattr(kernel, "n_spills", None),
+                          "shared": meta.shared, "num_warps": meta.num_warps, "num_stages": meta.num_stages,
+                          "key": str(key)[-300:]})
+    return found
 
 
 def dense_us(dtype: torch.dtype, rows: int, dense) -> float:
@@ -118,7 +138,8 @@ def main() -> None:
     results = {"device": torch.cuda.get_device_name(), "triton_interpret": os.environ.get("TRITON_INTERPRET"),
                "runs": [], "dense_us": {}}
     # {}: the launcher's own choice (the first of launch_options that fits); the others override it
-    launches = {torch.bfloat16: [{}, {"num_stages": 2}, {"num_stages": 4}, {"num_stages": 3, "num_warps": 8}],
+    launches = {torch.bfloat16: [{}, {"num_stages": 2}, {"num_stages": 3, "num_warps": 8}, {"num_stages": 1},
+                                 {"tile": (32, 128)}, {"tile": (64, 64)}, {"tile": (128, 64)}, {"tile": (16, 256)}],
                 torch.float32: [{}]}
     for dtype in (torch.bfloat16, torch.float32):
         mods = [layer(INTER, HIDDEN, dtype, 0), layer(INTER, HIDDEN, dtype, 1), layer(HIDDEN, INTER, dtype, 2)]
@@ -133,6 +154,13 @@ def main() -> None:
                 OUT.mkdir(parents=True, exist_ok=True)
                 (OUT / "matmul_4bit_probe.json").write_text(json.dumps(results, indent=1))
     print("dense MLP (captured) us:", results["dense_us"])
+    try:
+        results["compiled"] = compiled_kernels()
+    except (AttributeError, IndexError, TypeError) as exc:  # Triton's internals differ between versions
+        results["compiled"] = [{"error": repr(exc)}]
+    for kernel in results["compiled"]:
+        print({k: v for k, v in kernel.items() if k != "key"})
+    (OUT / "matmul_4bit_probe.json").write_text(json.dumps(results, indent=1))
     for res in results["runs"]:
         for key in ("eager_trace", "graph_trace"):
             if key in res:
