@@ -35,7 +35,7 @@ def _matmul_4bit(dtype: str, swiglu: bool, block_n: int) -> tuple:
                  "stride_split": "i32", "M": "i32", "N": "i32", "K": "i32", "w_ptr": "*u8", "absmax_ptr": "*fp32",
                  "up_ptr": "*u8", "up_absmax_ptr": "*fp32", "code_ptr": "*fp32", "k_blocks_per_split": "i32"}
     constants = {"BLOCKSIZE": 64, "BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": matmul_4bit.BLOCK_K,
-                 "SWIGLU": swiglu, "DOT_IEEE": dtype == "float32"}
+                 "SCALES": max(1, matmul_4bit.BLOCK_K // 64), "SWIGLU": swiglu, "DOT_IEEE": dtype == "float32"}
     return matmul_4bit._matmul_4bit_kernel, signature, constants
 
 
@@ -62,20 +62,21 @@ def _logprob(kernel_name: str) -> tuple:
     return kernel, signature, {"BLOCK": logprob_entropy.BLOCK_V}
 
 
-def kernels() -> list[tuple[str, int, tuple]]:
-    """(name, num_stages, (kernel, signature, constexprs)) for every launch the kernels' launchers may make:
+def kernels() -> list[tuple[str, dict, tuple]]:
+    """(name, launch options, (kernel, signature, constexprs)) for every launch the kernels' launchers make:
     the 4-bit and attention ones at each of their ``launch_options``, the log-prob ones at Triton's default of
     3 stages."""
     found = []
     for dtype in ("bfloat16", "float32"):
         for swiglu in (True, False):
             for block_n, stages in matmul_4bit.launch_options():
-                found.append((f"{'swiglu' if swiglu else 'matmul'}_4bit {dtype} BLOCK_N={block_n}", stages,
-                              _matmul_4bit(dtype, swiglu, block_n)))
+                found.append((f"{'swiglu' if swiglu else 'matmul'}_4bit {dtype} BLOCK_N={block_n}",
+                              {"num_stages": stages, "num_warps": 8}, _matmul_4bit(dtype, swiglu, block_n)))
         for block, stages in decode_attention.launch_options():
-            found.append((f"decode_attention {dtype} BLOCK={block}", stages, _decode_attention(dtype, block)))
-    found.append(("logprob_entropy stats", 3, _logprob("_stats_kernel")))
-    found.append(("logprob_entropy grad", 3, _logprob("_grad_kernel")))
+            found.append((f"decode_attention {dtype} BLOCK={block}", {"num_stages": stages},
+                          _decode_attention(dtype, block)))
+    found.append(("logprob_entropy stats", {"num_stages": 3}, _logprob("_stats_kernel")))
+    found.append(("logprob_entropy grad", {"num_stages": 3}, _logprob("_grad_kernel")))
     return found
 
 
@@ -86,16 +87,15 @@ def main() -> None:
     rows = []
     print(f"Triton {triton.__version__}; shared memory a program asks for, in KiB (limit a block in brackets)")
     print(f"{'kernel':40s} {'stages':>6s}  " + "  ".join(f"{c} [{lim // 1024}]" for c, (_, lim) in CARDS.items()))
-    for name, stages, (fn, signature, constants) in kernels():
+    for name, options, (fn, signature, constants) in kernels():
         src = ASTSource(fn, {**signature, **{k: "constexpr" for k in constants}}, constexprs=constants)
         cells = []
         for card, (cc, limit) in CARDS.items():
-            shared = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                                    options={"num_stages": stages}).metadata.shared
-            rows.append({"kernel": name, "num_stages": stages, "card": card, "shared_bytes": shared,
+            shared = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options).metadata.shared
+            rows.append({"kernel": name, **options, "card": card, "shared_bytes": shared,
                          "limit_bytes": limit, "fits": shared <= limit})
             cells.append(f"{shared / 1024:.1f}{'' if shared <= limit else ' OVER'}")
-        print(f"{name:40s} {stages:6d}  " + "  ".join(f"{c:>{len(k) + 5}s}" for c, k in zip(cells, CARDS)),
+        print(f"{name:40s} {options['num_stages']:6d}  " + "  ".join(f"{c:>{len(k) + 5}s}" for c, k in zip(cells, CARDS)),
               flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1))

@@ -81,14 +81,26 @@ class Weight4bit:
 if triton is not None:
 
     @triton.jit
-    def _pairs(w_ptr, absmax_ptr, code_ptr, n, j, K, BLOCKSIZE: tl.constexpr, mask):
-        """The de-quantised values of rows ``n`` at the even columns 2j and the odd columns 2j + 1: two
-        [BLOCK_N, BLOCK_K / 2] tiles (fp32) from one contiguous tile of bytes, whose high nibble is the
-        even column and low nibble the odd one; both share their block's absmax (a block is 64 columns)."""
-        at = n[:, None].to(tl.int64) * (K // 2) + j[None, :]  # the byte of columns 2j, 2j + 1 of row n
-        byte = tl.load(w_ptr + at, mask=mask, other=0).to(tl.int32)
-        scale = tl.load(absmax_ptr + (2 * at) // BLOCKSIZE, mask=mask, other=0.0)
-        return tl.load(code_ptr + (byte >> 4)) * scale, tl.load(code_ptr + (byte & 0xF)) * scale
+    def _pairs(w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE: tl.constexpr, BLOCK_K: tl.constexpr,
+               SCALES: tl.constexpr):
+        """The de-quantised values of rows ``n`` at this K block's even columns 2j and odd columns 2j + 1: two
+        [BLOCK_N, BLOCK_K / 2] tiles (fp32) from one contiguous tile of bytes, whose high nibble is the even
+        column and low nibble the odd one. The code book (``codes``: [BLOCK_N, 16], each row the same) and the
+        tile's ``SCALES`` absmax values a row are looked up in registers: gathering them from memory for every
+        element made the kernel 50x slower than the dense matmul on an H100 (bench/RESULTS.md)."""
+        jl = tl.arange(0, BLOCK_K // 2)  # the tile's byte columns
+        j = kb * (BLOCK_K // 2) + jl
+        mask = (n[:, None] < N) & (2 * j[None, :] < K)
+        byte = tl.load(w_ptr + n[:, None].to(tl.int64) * (K // 2) + j[None, :], mask=mask, other=0).to(tl.int32)
+        first = (kb * BLOCK_K) // BLOCKSIZE  # the tile's first absmax block of a row
+        blocks = first + tl.arange(0, SCALES)
+        scales = tl.load(absmax_ptr + n[:, None].to(tl.int64) * (K // BLOCKSIZE) + blocks[None, :],
+                         mask=(n[:, None] < N) & (blocks[None, :] < K // BLOCKSIZE), other=0.0)
+        which = tl.broadcast_to(((kb * BLOCK_K + 2 * jl) // BLOCKSIZE - first)[None, :], byte.shape)
+        scale = tl.gather(scales, which, axis=1)
+        even = tl.gather(codes, byte >> 4, axis=1) * scale
+        odd = tl.gather(codes, byte & 0xF, axis=1) * scale
+        return even, odd
 
     @triton.jit
     def _dot(x, w, IEEE: tl.constexpr):
@@ -98,10 +110,10 @@ if triton is not None:
         return tl.dot(x, tl.trans(w))
 
     @triton.jit
-    def _pair_dot(x_even, x_odd, w_ptr, absmax_ptr, code_ptr, n, j, K, BLOCKSIZE: tl.constexpr, mask,
-                  IEEE: tl.constexpr):
+    def _pair_dot(x_even, x_odd, w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE: tl.constexpr,
+                  BLOCK_K: tl.constexpr, SCALES: tl.constexpr, IEEE: tl.constexpr):
         """This K block's share of x @ W^T over the even and the odd columns."""
-        even, odd = _pairs(w_ptr, absmax_ptr, code_ptr, n, j, K, BLOCKSIZE, mask)
+        even, odd = _pairs(w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE, BLOCK_K, SCALES)
         dtype = x_even.dtype
         return _dot(x_even, even.to(dtype), IEEE) + _dot(x_odd, odd.to(dtype), IEEE)
 
@@ -109,11 +121,13 @@ if triton is not None:
     def _matmul_4bit_kernel(x_ptr, stride_xm, out_ptr, stride_om, stride_split, M, N, K,
                             w_ptr, absmax_ptr, up_ptr, up_absmax_ptr, code_ptr, k_blocks_per_split,
                             BLOCKSIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, DOT_IEEE: tl.constexpr):
+                            BLOCK_K: tl.constexpr, SCALES: tl.constexpr, SWIGLU: tl.constexpr,
+                            DOT_IEEE: tl.constexpr):
         pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         dtype = x_ptr.dtype.element_ty
+        codes = tl.broadcast_to(tl.load(code_ptr + tl.arange(0, 16))[None, :], (BLOCK_N, 16))
         acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         first = pid_k * k_blocks_per_split
@@ -123,11 +137,11 @@ if triton is not None:
             x_mask = (m[:, None] < M) & (2 * j[None, :] < K)
             x_even = tl.load(x_at, mask=x_mask, other=0.0)
             x_odd = tl.load(x_at + 1, mask=x_mask, other=0.0)
-            w_mask = (n[:, None] < N) & (2 * j[None, :] < K)
-            acc += _pair_dot(x_even, x_odd, w_ptr, absmax_ptr, code_ptr, n, j, K, BLOCKSIZE, w_mask, DOT_IEEE)
+            acc += _pair_dot(x_even, x_odd, w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE, BLOCK_K, SCALES,
+                             DOT_IEEE)
             if SWIGLU:
-                acc_up += _pair_dot(x_even, x_odd, up_ptr, up_absmax_ptr, code_ptr, n, j, K, BLOCKSIZE, w_mask,
-                                    DOT_IEEE)
+                acc_up += _pair_dot(x_even, x_odd, up_ptr, up_absmax_ptr, codes, n, kb, N, K, BLOCKSIZE, BLOCK_K,
+                                    SCALES, DOT_IEEE)
         out = out_ptr + pid_k * stride_split + m[:, None].to(tl.int64) * stride_om + n[None, :]
         if SWIGLU:  # F.silu(gate) * up on the compute dtype's values, as the dense decoder rounds them
             gate = acc.to(dtype).to(tl.float32)
@@ -138,8 +152,9 @@ if triton is not None:
 
 def launch_options() -> list[tuple[int, int]]:
     """(BLOCK_N, Triton's num_stages) to try in turn (grpo/kernels/launch.py): the fused gate/up kernel holds
-    two weights' tiles and their scales in every pipeline stage, 208 KiB in bf16 at three stages (288 in
-    fp32; an H100 allows 227, an RTX card 99), so fewer stages and then narrower tiles follow."""
+    two weights' tiles in every pipeline stage (when it gathered its code book from memory, 208 KiB in bf16
+    at three stages and 288 in fp32, against an H100's 227 and an RTX card's 99; bench/smem_fit.py prints
+    today's), so fewer stages and then narrower tiles follow."""
     return [(BLOCK_N, 3), (BLOCK_N, 2), (BLOCK_N // 2, 2), (BLOCK_N // 2, 1), (16, 1)]
 
 
@@ -163,10 +178,12 @@ def _run(x: Tensor, w: Weight4bit, up: Weight4bit | None, block_m: int, block_n:
     _matmul_4bit_kernel[(triton.cdiv(w.out_features, block_n), triton.cdiv(rows, block_m), split)](
         x, x.stride(0), out, out.stride(-2), out.stride(0) if split > 1 else 0, rows, w.out_features, w.in_features,
         w.packed, w.absmax, up_weight.packed, up_weight.absmax, w.code, per_split,
-        BLOCKSIZE=w.blocksize, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K, SWIGLU=up is not None,
+        BLOCKSIZE=w.blocksize, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
+        SCALES=max(1, BLOCK_K // w.blocksize), SWIGLU=up is not None,
         # fp32 gets exact (not TF32) products; so does everything under the interpreter, whose bf16 tl.dot
         # is wrong (numpy has no bf16)
-        DOT_IEEE=x.dtype == torch.float32 or _interpreting(), num_stages=stages)
+        DOT_IEEE=x.dtype == torch.float32 or _interpreting(), num_stages=stages,
+        num_warps=8)  # at 4, ptxas (sm_90) spilled the fused kernel's 64 x 128 tiles beyond 255 registers
     return out if split == 1 else out.sum(0).to(x.dtype)
 
 
