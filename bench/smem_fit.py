@@ -7,7 +7,10 @@ R1-Distill-Qwen-1.5B decoder and trainer use.
 Why: a kernel that asks for more shared memory than a block may have does not load (Triton raises
 OutOfResources). The fused 4-bit gate/up kernel did so on an H100 in fp32 (2026-12-05), and the 8 GB
 preset's card, an RTX 3060 Ti (sm_86), allows 99 KiB a block against an H100's 227 KiB. The figures are
-this machine's Triton's (its version is printed); the device's Triton may lay a kernel out differently.
+this machine's Triton's (its version is printed); another version may lay a kernel out differently, or not
+compile it at all (Triton 3.6's compiler crashed on a ``tl.gather`` that 3.9 compiled, 2026-12-06): to check
+the version a GPU runs, install it apart (``pip install --no-deps --target /tmp/t36 triton==3.6.0``) and put
+it first (``PYTHONPATH=/tmp/t36:. python bench/smem_fit.py``).
 """
 from __future__ import annotations
 

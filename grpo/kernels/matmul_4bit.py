@@ -96,8 +96,10 @@ if triton is not None:
         blocks = first + tl.arange(0, SCALES)
         scales = tl.load(absmax_ptr + n[:, None].to(tl.int64) * (K // BLOCKSIZE) + blocks[None, :],
                          mask=(n[:, None] < N) & (blocks[None, :] < K // BLOCKSIZE), other=0.0)
-        which = tl.broadcast_to(((kb * BLOCK_K + 2 * jl) // BLOCKSIZE - first)[None, :], byte.shape)
-        scale = tl.gather(scales, which, axis=1)
+        # each scale repeated over its block's byte columns in the tile (row-major: column s * width + t)
+        width: tl.constexpr = BLOCK_K // 2 // SCALES
+        scale = tl.reshape(tl.broadcast_to(scales[:, :, None], (n.shape[0], SCALES, width)),
+                           (n.shape[0], BLOCK_K // 2))
         even = tl.gather(codes, byte >> 4, axis=1) * scale
         odd = tl.gather(codes, byte & 0xF, axis=1) * scale
         return even, odd
