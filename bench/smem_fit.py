@@ -98,7 +98,8 @@ def main() -> None:
             rows.append({"kernel": name, **options, "card": card, "shared_bytes": shared,
                          "limit_bytes": limit, "fits": shared <= limit})
             cells.append(f"{shared / 1024:.1f}{'' if shared <= limit else ' OVER'}")
-        print(f"{name:40s} {options['num_stages']:6d}  " + "  ".join(f"{c:>{len(k) + 5}s}" for c, k in zip(cells, CARDS)),
+        widths = [len(card) + 5 for card in CARDS]
+        print(f"{name:40s} {options['num_stages']:6d}  " + "  ".join(f"{c:>{w}s}" for c, w in zip(cells, widths)),
               flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"triton": triton.__version__, "rows": rows}, indent=1))

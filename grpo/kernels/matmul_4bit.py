@@ -87,7 +87,7 @@ if triton is not None:
         [BLOCK_N, BLOCK_K / 2] tiles (fp32) from one contiguous tile of bytes, whose high nibble is the even
         column and low nibble the odd one. The code book (``codes``: [BLOCK_N, 16], each row the same) and the
         tile's ``SCALES`` absmax values a row are looked up in registers: gathering them from memory for every
-        element made the kernel 50x slower than the dense matmul on an H100 (bench/RESULTS.md)."""
+        element made the MLP about 30x slower than the dense copy's matmuls on an H100 (bench/RESULTS.md)."""
         jl = tl.arange(0, BLOCK_K // 2)  # the tile's byte columns
         j = kb * (BLOCK_K // 2) + jl
         mask = (n[:, None] < N) & (2 * j[None, :] < K)
