@@ -20,7 +20,7 @@ import os
 import torch
 from torch import Tensor
 
-from grpo.kernels.launch import first_that_loads
+from grpo.kernels.fit import first_that_loads
 
 try:
     import triton
@@ -32,7 +32,7 @@ BLOCK_L = 64  # cache positions per iteration: [BLOCK_L, head_dim] keys and valu
 
 
 def launch_options() -> list[tuple[int, int]]:
-    """(BLOCK, Triton's num_stages) to try in turn (grpo/kernels/launch.py): an fp32 cache at 64 positions and
+    """(BLOCK, Triton's num_stages) to try in turn (grpo/kernels/fit.py): an fp32 cache at 64 positions and
     three stages asks for 140 KiB of shared memory, more than an RTX card's 99 KiB a block; bf16 asks 22."""
     return [(BLOCK_L, 3), (BLOCK_L, 2), (BLOCK_L // 2, 2), (BLOCK_L // 2, 1)]
 

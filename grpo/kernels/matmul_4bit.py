@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from grpo.kernels.decode_attention import _interpreting, triton
-from grpo.kernels.launch import first_that_loads
+from grpo.kernels.fit import first_that_loads
 from grpo.model.dequant import dequantized
 
 if triton is not None:
@@ -153,7 +153,7 @@ if triton is not None:
 
 
 def launch_options() -> list[tuple[int, int]]:
-    """(BLOCK_N, Triton's num_stages) to try in turn (grpo/kernels/launch.py): the fused gate/up kernel holds
+    """(BLOCK_N, Triton's num_stages) to try in turn (grpo/kernels/fit.py): the fused gate/up kernel holds
     two weights' tiles in every pipeline stage (when it gathered its code book from memory, 208 KiB in bf16
     at three stages and 288 in fp32, against an H100's 227 and an RTX card's 99; bench/smem_fit.py prints
     today's), so fewer stages and then narrower tiles follow."""

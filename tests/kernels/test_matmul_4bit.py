@@ -103,7 +103,7 @@ def test_a_launch_that_needs_more_shared_memory_than_the_gpu_has_falls_back_and_
     kernel launch is replaced here by one that refuses what would need more than 100 KiB (an RTX card's 99)."""
     from triton.runtime.errors import OutOfResources
 
-    from grpo.kernels import launch
+    from grpo.kernels import fit
     from grpo.kernels import matmul_4bit as mk
 
     tried = []
@@ -116,7 +116,7 @@ def test_a_launch_that_needs_more_shared_memory_than_the_gpu_has_falls_back_and_
         return torch.full((x.shape[0], w.out_features), float(block_n * 10 + stages))
 
     monkeypatch.setattr(mk, "_run", run)
-    monkeypatch.setattr(launch, "_CHOSEN", {})
+    monkeypatch.setattr(fit, "_CHOSEN", {})
     weight = mk.Weight4bit.of(_layer(64, 128, "cpu", torch.float32))
     x = torch.ones(4, 128)
     assert mk._launch(x, weight, None)[0, 0].item() == 16 * 10 + 1  # (64, 3) ... (32, 1) refused; (16, 1) fits
@@ -128,7 +128,7 @@ def test_a_launch_that_needs_more_shared_memory_than_the_gpu_has_falls_back_and_
     mk._launch(torch.ones(64, 128), weight, None)  # another tile of rows: its own search
     assert tried == mk.launch_options()
 
-    monkeypatch.setattr(launch, "_CHOSEN", {})
+    monkeypatch.setattr(fit, "_CHOSEN", {})
     monkeypatch.setattr(mk, "launch_options", lambda: [(64, 3), (64, 2)])
     with pytest.raises(OutOfResources):  # nothing fits: the last option's error reaches the caller
         mk._launch(x, weight, None)
