@@ -11,6 +11,11 @@ from __future__ import annotations
 
 from typing import Callable, Sequence, TypeVar
 
+try:
+    from triton.runtime.errors import OutOfResources
+except ImportError:  # CPU-only installs without triton never launch a kernel
+    OutOfResources = None
+
 T = TypeVar("T")
 
 _CHOSEN: dict[tuple, tuple] = {}  # the option that loaded, by kernel, device and specialisation
@@ -19,8 +24,6 @@ _CHOSEN: dict[tuple, tuple] = {}  # the option that loaded, by kernel, device an
 def first_that_loads(key: tuple, options: Sequence[tuple], launch: Callable[[tuple], T]) -> T:
     """``launch(option)`` for the option remembered under ``key``, else for each of ``options`` in turn until
     one loads (the last one's error, if it fails too, is the caller's); the one that loaded is remembered."""
-    from triton.runtime.errors import OutOfResources
-
     tries = [_CHOSEN[key]] if key in _CHOSEN else list(options)
     for option in tries[:-1]:
         try:
