@@ -140,6 +140,13 @@ class Trainer:
     def run(self) -> dict:
         self.resume()
         self.tracker.start(self.history, self.validation)
+        try:
+            return self._steps()
+        except BaseException:
+            self.tracker.close()
+            raise
+
+    def _steps(self) -> dict:
         p = self.params
         bar = tqdm(total=p.max_steps, initial=self.step, desc="train", unit="step", dynamic_ncols=True,
                    disable=not distributed.is_main())

@@ -140,9 +140,15 @@ class Tracker:
         self.save_measured()
         self.live.summary = _canonical(_merged(self.live.summary, round_floats(summary)))
         self.live.end()
-        close_dvc_repo(self.live)
+        self.close()
         if self.wandb is not None:
             self.wandb.finish(round_floats(summary), samples)
+
+    def close(self) -> None:
+        """Release the DVC repo that DVCLive opened; also what a run that stops on an error calls, so a
+        process that trains again (a notebook, the fault tests) does not pile up its descriptors."""
+        if self.live is not None:
+            close_dvc_repo(self.live)
 
 
 def close_dvc_repo(live: Live) -> None:
