@@ -19,7 +19,7 @@ stage's params onto them:
   cache and memory-efficient attention.
 - training (``plan_training``): one micro-batch of ``train_batch_size`` sequences: with gradient
   checkpointing each layer's input is kept and one layer's activations are live at a time (without
-  it, every layer's are); log-probs come from ``logprob_chunk_size`` tokens of logits at a time: one
+  it, every layer's saved set, ``saved_per_token``, is kept until backward); log-probs come from ``logprob_chunk_size`` tokens of logits at a time: one
   buffer in the compute dtype with the fused Triton kernel on CUDA (grpo/kernels), about three fp32
   ones with the PyTorch path (grpo/algo/logprobs.py).
 
@@ -253,6 +253,21 @@ def capped_from(requested: int, in_flight: int) -> int:
     return requested if in_flight < requested else 0
 
 
+def saved_per_token(arch: Arch, p: TrainParams, *, dt: int, length: int) -> int:
+    """Bytes one decoder layer's training forward keeps for backward, per token, as counted at the R1-1.5B
+    width (bench/saved_activations.py: 103.7 KB at 256 tokens, where "one layer's live set" planned 81.4 KB
+    and a micro-batch the plan passed ran out of memory on an H100): the frozen linear layers keep nothing."""
+    shapes = arch.linear_shapes()
+    q_width = arch.num_attention_heads * arch.head_dim
+    return (3 * arch.intermediate_size * dt  # SwiGLU: the gate (SiLU's input), up, and the product down reads
+            + sum(shapes[t][0] for t in p.lora.targets) * 4  # each LoRA target's fp32 input
+            + len(p.lora.targets) * p.lora.r * 4  # and its rank-r intermediate
+            + 2 * arch.hidden_size * 4  # both RMS norms' fp32 inputs
+            + 4 * q_width * dt  # SDPA's q, k and v (widened to the query heads) and its output
+            + arch.num_attention_heads * 4  # SDPA's log-sum-exp
+            + length * dt)  # a row of the padding mask, at the sequence's length
+
+
 def plan_training(arch: Arch, p: TrainParams, *, dtype: str, prompt_tokens: int, cuda: bool) -> dict[str, int]:
     """The training phase's own components (bytes) for one micro-batch: activations, logprob_logits."""
     dt = DTYPE_BYTES[dtype]
@@ -267,8 +282,9 @@ def plan_training(arch: Arch, p: TrainParams, *, dtype: str, prompt_tokens: int,
                   + sum(shapes[t][0] for t in p.lora.targets) * 4)
     if p.gradient_checkpointing:
         activations = arch.num_hidden_layers * bt * arch.hidden_size * dt + 2 * layer
-    else:
-        activations = arch.num_hidden_layers * layer
+    else:  # every layer's saved set until backward reaches it, and one layer's gradients
+        length = prompt_tokens + p.max_response_length
+        activations = arch.num_hidden_layers * bt * saved_per_token(arch, p, dt=dt, length=length) + layer
     fused = cuda and p.logprob_backend in ("auto", "triton") and dt == 2  # the Triton kernel's dtypes
     logits = min(p.logprob_chunk_size, bt) * arch.vocab_size * (dt if fused else 3 * 4)
     return {"activations": activations, "logprob_logits": logits}

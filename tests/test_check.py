@@ -106,10 +106,33 @@ def test_plan_bounds_the_peaks_measured_on_the_h200(measured):
         assert measured_bytes <= plan.peak <= measured_bytes + plan.row("runtime") + 0.6 * GIB, (phase, plan.peak / GIB)
 
 
+def test_without_checkpointing_the_plan_refuses_the_micro_batch_that_ran_out_of_memory_on_the_h100():
+    """grpo.tune under a 23.5 GiB cap on an H100 (bench/results/gpu_tune/, 2026-12-06) ran the preset without
+    gradient checkpointing at the 9 sequences the plan then passed (22.59 GiB): it ran out of memory and went
+    on at 4. The plan must refuse 9 and keep 4 (119-token prompts, the trial's)."""
+    cache = ROOT / "bench/results/gpu_tune/gpu-stages-model-nvidia-h100-80gb-hbm3--cuda-13.0-23.5gib.json"
+    trials = [(json.loads(key)[2], rec) for key, rec in json.loads(cache.read_text()).items()]
+    oom = [rec for settings, rec in trials if not settings["train.gradient_checkpointing"]
+           and settings["train.train_batch_size"] == 9]
+    assert oom and oom[0]["status"] == "oom"
+    arch = resolve_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
+
+    def training_peak(micro_batch: int) -> float:
+        params = TrainParams(quantization="nf4", lora=LoraParams(r=16, alpha=32), generation_batch_size=64,
+                             max_response_length=768, train_batch_size=micro_batch, gradient_checkpointing=False)
+        return plan_memory(arch, params, compute_dtype="bfloat16", prompt_tokens=119, cuda=True)[1].peak / GIB
+
+    assert training_peak(9) > 23.5 >= training_peak(4)
+
+
 def test_options_change_only_their_component():
     base = train_plan()
     no_ckpt = train_plan(dataclasses.replace(PARAMS, gradient_checkpointing=False))
-    assert no_ckpt["training"].row("activations") == 2 * 60 * (1408 + 512)
+    # every layer's saved set, per token: MLP 3 * 128 * 2, LoRA inputs (64 + 64) * 4 and rank-4 outputs 2 * 4 * 4,
+    # norms' fp32 inputs 2 * 64 * 4, SDPA's q/k/v/out 4 * 64 * 2 and lse 4 * 4, a mask row of 30 tokens * 2;
+    # then one layer's gradients (the live set above)
+    saved = 768 + 512 + 32 + 512 + 512 + 16 + 60
+    assert no_ckpt["training"].row("activations") == 2 * 60 * saved + 60 * (1408 + 512)
     assert no_ckpt["training"].row("base_weights") == base["training"].row("base_weights")
     plain = train_plan(dataclasses.replace(PARAMS, quantization="none"), cuda=True)["generation"]
     assert plain.row("base_weights") == (73728 + 128000) * 2 and plain.row("dense_copy") == 0 and plain.row("runtime") > 0
