@@ -106,23 +106,32 @@ def test_plan_bounds_the_peaks_measured_on_the_h200(measured):
         assert measured_bytes <= plan.peak <= measured_bytes + plan.row("runtime") + 0.6 * GIB, (phase, plan.peak / GIB)
 
 
-def test_without_checkpointing_the_plan_refuses_the_micro_batch_that_ran_out_of_memory_on_the_h100():
-    """grpo.tune under a 23.5 GiB cap on an H100 (bench/results/gpu_tune/, 2026-12-06) ran the preset without
-    gradient checkpointing at the 9 sequences the plan then passed (22.59 GiB): it ran out of memory and went
-    on at 4. The plan must refuse 9 and keep 4 (119-token prompts, the trial's)."""
-    cache = ROOT / "bench/results/gpu_tune/gpu-stages-model-nvidia-h100-80gb-hbm3--cuda-13.0-23.5gib.json"
-    trials = [(json.loads(key)[2], rec) for key, rec in json.loads(cache.read_text()).items()]
-    oom = [rec for settings, rec in trials if not settings["train.gradient_checkpointing"]
-           and settings["train.train_batch_size"] == 9]
-    assert oom and oom[0]["status"] == "oom"
+def _tune_trials(budget: str, checkpointing: bool) -> dict[int, dict]:
+    """grpo.tune's trials on an H100 (bench/results/gpu_tune/, 2026-12-05/06), by micro-batch."""
+    cache = ROOT / f"bench/results/gpu_tune/gpu-stages-model-nvidia-h100-80gb-hbm3--cuda-13.0-{budget}gib.json"
+    trials = ((json.loads(key)[2], rec) for key, rec in json.loads(cache.read_text()).items())
+    return {s["train.train_batch_size"]: rec for s, rec in trials if s["train.gradient_checkpointing"] == checkpointing}
+
+
+def test_without_checkpointing_the_plan_bounds_what_the_h100_measured():
+    """grpo.tune on an H100 ran the preset without gradient checkpointing at the largest micro-batch the plan
+    then passed: under 7.5 GiB, 2 sequences ran with a training peak of 6.85 GiB (the old plan's own rows
+    said 6.29); under 23.5 GiB, 9 sequences (planned 22.59 GiB) ran out of memory, and the engine went on at 4.
+    The plan must cover the first and refuse the second (119-token prompts, the trials')."""
     arch = resolve_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
 
-    def training_peak(micro_batch: int) -> float:
+    def training(micro_batch: int) -> Phase:
         params = TrainParams(quantization="nf4", lora=LoraParams(r=16, alpha=32), generation_batch_size=64,
                              max_response_length=768, train_batch_size=micro_batch, gradient_checkpointing=False)
-        return plan_memory(arch, params, compute_dtype="bfloat16", prompt_tokens=119, cuda=True)[1].peak / GIB
+        return plan_memory(arch, params, compute_dtype="bfloat16", prompt_tokens=119, cuda=True)[1]
 
-    assert training_peak(9) > 23.5 >= training_peak(4)
+    ran = _tune_trials("7.5", checkpointing=False)[2]
+    assert ran["status"] == "ok"
+    measured = ran["figures"]["peak_gib"]["train"] * GIB
+    plan = training(2)
+    assert measured <= plan.peak - plan.row("runtime") <= measured + 0.6 * GIB
+    assert _tune_trials("23.5", checkpointing=False)[9]["status"] == "oom"
+    assert training(9).peak > 23.5 * GIB >= training(4).peak
 
 
 def test_options_change_only_their_component():
