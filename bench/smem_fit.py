@@ -37,8 +37,8 @@ def _matmul_4bit(dtype: str, swiglu: bool, block_n: int) -> tuple:
     signature = {"x_ptr": f"*{t}", "stride_xm": "i32", "out_ptr": f"*{t}", "stride_om": "i32",
                  "stride_split": "i32", "M": "i32", "N": "i32", "K": "i32", "w_ptr": "*u8", "absmax_ptr": "*fp32",
                  "up_ptr": "*u8", "up_absmax_ptr": "*fp32", "code_ptr": "*fp32", "k_blocks_per_split": "i32"}
-    constants = {"BLOCKSIZE": 64, "BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": matmul_4bit.BLOCK_K,
-                 "SCALES": max(1, matmul_4bit.BLOCK_K // 64), "SWIGLU": swiglu, "DOT_IEEE": dtype == "float32"}
+    constants = {"BLOCKSIZE": 64, "BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": matmul_4bit.block_k(64),
+                 "SWIGLU": swiglu, "DOT_IEEE": dtype == "float32"}
     return matmul_4bit._matmul_4bit_kernel, signature, constants
 
 
@@ -91,7 +91,11 @@ def main() -> None:
     print(f"Triton {triton.__version__}; shared memory a program asks for, in KiB (limit a block in brackets)")
     print(f"{'kernel':40s} {'stages':>6s}  " + "  ".join(f"{c} [{lim // 1024}]" for c, (_, lim) in CARDS.items()))
     for name, options, (fn, signature, constants) in kernels():
-        src = ASTSource(fn, {**signature, **{k: "constexpr" for k in constants}}, constexprs=constants)
+        # as Triton's launcher specialises them: pointers (torch allocates 16-byte aligned) and integers that
+        # are multiples of 16, which every one is at the R1 launch but the 4-bit split's block count (24)
+        aligned = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in signature.items()
+                   if (t.startswith("*") or t == "i32") and a != "k_blocks_per_split"}
+        src = ASTSource(fn, {**signature, **{k: "constexpr" for k in constants}}, constexprs=constants, attrs=aligned)
         cells = []
         for card, (cc, limit) in CARDS.items():
             shared = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options).metadata.shared

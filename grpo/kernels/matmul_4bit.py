@@ -12,10 +12,10 @@ Two kernels, each one launch a layer: ``swiglu_4bit`` computes silu(x Wg^T) * (x
 weights in one pass over x (the gate and up outputs never reach memory), and ``matmul_4bit`` computes
 x W^T, split along K into partial sums when N alone gives too few programs to fill the GPU (the down
 projection: N = 1536 for K = 8960), the partials summed in a fixed order (deterministic). Each program
-reads a [BLOCK_N, BLOCK_K / 2] tile of bytes (contiguous, so loads vectorise), de-quantises its high and low
-nibbles as bitsandbytes does (code[nibble] * its block's absmax, in fp32, rounded to the compute dtype) into
-the tiles of the even and the odd columns, and multiplies them on tensor cores with x's even and odd columns
-(fp32 accumulation), so the products are the dense copy's to the summation order.
+reads a [BLOCK_N, BLOCK_K / 2] tile of bytes, de-quantises its high and low nibbles as bitsandbytes does
+(code[nibble] * its block's absmax, in fp32, rounded to the compute dtype), interleaves them back into the
+[BLOCK_N, BLOCK_K] weight tile, and multiplies it on tensor cores with x's [BLOCK_K, rows] tile (fp32
+accumulation), so the products are the dense copy's to the summation order.
 
 Layout (bitsandbytes ``quantize_4bit``): the weight [N, K] flattened row-major, two codes a byte, the
 first in the high nibble; one absmax per ``blocksize`` consecutive values of a row (K must be a multiple of
@@ -40,7 +40,7 @@ from grpo.model.dequant import dequantized
 if triton is not None:
     import triton.language as tl
 
-BLOCK_N, BLOCK_K = 64, 128
+BLOCK_N, MAX_BLOCK_K = 64, 128
 MIN_PROGRAMS = 256  # split K until a call has this many programs: ~2 waves on a 132-SM H100 or H200
 
 
@@ -81,75 +81,62 @@ class Weight4bit:
 if triton is not None:
 
     @triton.jit
-    def _pairs(w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE: tl.constexpr, BLOCK_K: tl.constexpr,
-               SCALES: tl.constexpr):
-        """The de-quantised values of rows ``n`` at this K block's even columns 2j and odd columns 2j + 1: two
-        [BLOCK_N, BLOCK_K / 2] tiles (fp32) from one contiguous tile of bytes, whose high nibble is the even
-        column and low nibble the odd one. The code book (``codes``: [BLOCK_N, 16], each row the same) and the
-        tile's ``SCALES`` absmax values a row are looked up in registers: gathering them from memory for every
-        element made the MLP about 30x slower than the dense copy's matmuls on an H100 (bench/RESULTS.md)."""
-        jl = tl.arange(0, BLOCK_K // 2)  # the tile's byte columns
-        j = kb * (BLOCK_K // 2) + jl
-        mask = (n[:, None] < N) & (2 * j[None, :] < K)
-        byte = tl.load(w_ptr + n[:, None].to(tl.int64) * (K // 2) + j[None, :], mask=mask, other=0).to(tl.int32)
-        first = (kb * BLOCK_K) // BLOCKSIZE  # the tile's first absmax block of a row
-        blocks = first + tl.arange(0, SCALES)
-        scales = tl.load(absmax_ptr + n[:, None].to(tl.int64) * (K // BLOCKSIZE) + blocks[None, :],
-                         mask=(n[:, None] < N) & (blocks[None, :] < K // BLOCKSIZE), other=0.0)
-        # each scale repeated over its block's byte columns in the tile (row-major: column s * width + t)
-        width: tl.constexpr = BLOCK_K // 2 // SCALES
-        scale = tl.reshape(tl.broadcast_to(scales[:, :, None], (n.shape[0], SCALES, width)),
-                           (n.shape[0], BLOCK_K // 2))
-        even = tl.gather(codes, byte >> 4, axis=1) * scale
-        odd = tl.gather(codes, byte & 0xF, axis=1) * scale
-        return even, odd
+    def _tile(w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE: tl.constexpr, BLOCK_K: tl.constexpr, dtype):
+        """Rows ``n`` of W at this K block, de-quantised as bitsandbytes does (code * absmax in fp32, rounded to
+        ``dtype``): [BLOCK_N, BLOCK_K]. A byte holds columns 2j (high nibble) and 2j + 1 (low); the two halves
+        are interleaved back by ``join`` + ``reshape``. The code book (``codes``: [BLOCK_N, 16], each row the
+        same) is looked up in registers, and a tile row has one absmax (BLOCK_K divides the block size):
+        gathering either from memory per element made the MLP ~30x slower than the dense copy's (RESULTS)."""
+        j = kb * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)  # the tile's byte columns; K is a multiple of BLOCK_K
+        byte = tl.load(w_ptr + n[:, None].to(tl.int64) * (K // 2) + j[None, :], mask=n[:, None] < N,
+                       other=0).to(tl.int32)
+        scale = tl.load(absmax_ptr + n.to(tl.int64) * (K // BLOCKSIZE) + (kb * BLOCK_K) // BLOCKSIZE, mask=n < N,
+                        other=0.0)[:, None]
+        even = (tl.gather(codes, byte >> 4, axis=1) * scale).to(dtype)
+        odd = (tl.gather(codes, byte & 0xF, axis=1) * scale).to(dtype)
+        return tl.reshape(tl.join(even, odd), (n.shape[0], BLOCK_K))
 
     @triton.jit
-    def _dot(x, w, IEEE: tl.constexpr):
-        """x [BLOCK_M, k] @ w [BLOCK_N, k]^T, accumulated in fp32."""
+    def _dot(w, x_t, IEEE: tl.constexpr):
+        """w [BLOCK_N, k] @ x_t [k, BLOCK_M], accumulated in fp32."""
         if IEEE:
-            return tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-        return tl.dot(x, tl.trans(w))
-
-    @triton.jit
-    def _pair_dot(x_even, x_odd, w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE: tl.constexpr,
-                  BLOCK_K: tl.constexpr, SCALES: tl.constexpr, IEEE: tl.constexpr):
-        """This K block's share of x @ W^T over the even and the odd columns."""
-        even, odd = _pairs(w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE, BLOCK_K, SCALES)
-        dtype = x_even.dtype
-        return _dot(x_even, even.to(dtype), IEEE) + _dot(x_odd, odd.to(dtype), IEEE)
+            return tl.dot(w.to(tl.float32), x_t.to(tl.float32), input_precision="ieee")
+        return tl.dot(w, x_t)
 
     @triton.jit
     def _matmul_4bit_kernel(x_ptr, stride_xm, out_ptr, stride_om, stride_split, M, N, K,
                             w_ptr, absmax_ptr, up_ptr, up_absmax_ptr, code_ptr, k_blocks_per_split,
                             BLOCKSIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, SCALES: tl.constexpr, SWIGLU: tl.constexpr,
-                            DOT_IEEE: tl.constexpr):
+                            BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, DOT_IEEE: tl.constexpr):
+        # computes out^T = W x^T, so the de-quantised weights are the tensor cores' left operand, which can stay
+        # in registers; as the right one (x W^T) every tile went through shared memory value by value (RESULTS)
         pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         dtype = x_ptr.dtype.element_ty
         codes = tl.broadcast_to(tl.load(code_ptr + tl.arange(0, 16))[None, :], (BLOCK_N, 16))
-        acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-        acc_up = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+        acc_up = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         first = pid_k * k_blocks_per_split
-        for kb in range(first, tl.minimum(first + k_blocks_per_split, tl.cdiv(K, BLOCK_K))):
-            j = kb * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)  # byte columns: x's columns 2j and 2j + 1
-            x_at = x_ptr + m[:, None].to(tl.int64) * stride_xm + 2 * j[None, :]
-            x_mask = (m[:, None] < M) & (2 * j[None, :] < K)
-            x_even = tl.load(x_at, mask=x_mask, other=0.0)
-            x_odd = tl.load(x_at + 1, mask=x_mask, other=0.0)
-            acc += _pair_dot(x_even, x_odd, w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE, BLOCK_K, SCALES,
-                             DOT_IEEE)
+        for kb in range(first, tl.minimum(first + k_blocks_per_split, K // BLOCK_K)):
+            k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+            x_t = tl.trans(tl.load(x_ptr + m[:, None].to(tl.int64) * stride_xm + k[None, :], mask=m[:, None] < M,
+                                   other=0.0))
+            acc += _dot(_tile(w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE, BLOCK_K, dtype), x_t, DOT_IEEE)
             if SWIGLU:
-                acc_up += _pair_dot(x_even, x_odd, up_ptr, up_absmax_ptr, codes, n, kb, N, K, BLOCKSIZE, BLOCK_K,
-                                    SCALES, DOT_IEEE)
-        out = out_ptr + pid_k * stride_split + m[:, None].to(tl.int64) * stride_om + n[None, :]
+                acc_up += _dot(_tile(up_ptr, up_absmax_ptr, codes, n, kb, N, K, BLOCKSIZE, BLOCK_K, dtype), x_t,
+                               DOT_IEEE)
+        out = out_ptr + pid_k * stride_split + m[None, :].to(tl.int64) * stride_om + n[:, None]
         if SWIGLU:  # F.silu(gate) * up on the compute dtype's values, as the dense decoder rounds them
             gate = acc.to(dtype).to(tl.float32)
             act = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
             acc = act * acc_up.to(dtype).to(tl.float32)
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(m[:, None] < M) & (n[None, :] < N))
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(n[:, None] < N) & (m[None, :] < M))
+
+
+def block_k(blocksize: int) -> int:
+    """Columns a tile covers: at most 128, and never across an absmax block, so a tile row has one absmax."""
+    return min(blocksize, MAX_BLOCK_K)
 
 
 def launch_options() -> list[tuple[int, int]]:
@@ -163,14 +150,14 @@ def launch_options() -> list[tuple[int, int]]:
 def _launch(x: Tensor, w: Weight4bit, up: Weight4bit | None) -> Tensor:
     """The kernel at the first of ``launch_options`` that loads on this GPU (remembered)."""
     block_m = max(16, triton.next_power_of_2(min(x.shape[0], 64)))
-    key = ("matmul_4bit", x.device, x.dtype, up is not None, block_m, BLOCK_N, BLOCK_K)
+    key = ("matmul_4bit", x.device, x.dtype, up is not None, block_m, BLOCK_N, w.blocksize)
     return first_that_loads(key, launch_options(), lambda option: _run(x, w, up, block_m, *option))
 
 
 def _run(x: Tensor, w: Weight4bit, up: Weight4bit | None, block_m: int, block_n: int, stages: int) -> Tensor:
     rows = x.shape[0]
     tiles = triton.cdiv(w.out_features, block_n) * triton.cdiv(rows, block_m)
-    k_blocks = triton.cdiv(w.in_features, BLOCK_K)
+    k_blocks = w.in_features // block_k(w.blocksize)
     split = 1 if up is not None else min(k_blocks, triton.cdiv(MIN_PROGRAMS, tiles))
     per_split = triton.cdiv(k_blocks, split)
     split = triton.cdiv(k_blocks, per_split)
@@ -180,12 +167,11 @@ def _run(x: Tensor, w: Weight4bit, up: Weight4bit | None, block_m: int, block_n:
     _matmul_4bit_kernel[(triton.cdiv(w.out_features, block_n), triton.cdiv(rows, block_m), split)](
         x, x.stride(0), out, out.stride(-2), out.stride(0) if split > 1 else 0, rows, w.out_features, w.in_features,
         w.packed, w.absmax, up_weight.packed, up_weight.absmax, w.code, per_split,
-        BLOCKSIZE=w.blocksize, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=BLOCK_K,
-        SCALES=max(1, BLOCK_K // w.blocksize), SWIGLU=up is not None,
+        BLOCKSIZE=w.blocksize, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k(w.blocksize), SWIGLU=up is not None,
         # fp32 gets exact (not TF32) products; so does everything under the interpreter, whose bf16 tl.dot
         # is wrong (numpy has no bf16)
         DOT_IEEE=x.dtype == torch.float32 or _interpreting(), num_stages=stages,
-        num_warps=8)  # at 4, ptxas (sm_90) spilled the fused kernel's 64 x 128 tiles beyond 255 registers
+        num_warps=8)  # at 4, ptxas (sm_90) spilled the first fused kernel (64 x 128 tiles) beyond 255 registers
     return out if split == 1 else out.sum(0).to(x.dtype)
 
 

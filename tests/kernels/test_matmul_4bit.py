@@ -20,16 +20,17 @@ bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed"
 
 
 def test_kernels_under_interpreter():
-    run_under_interpreter(__file__, passed=8)
+    run_under_interpreter(__file__, passed=9)
 
 
 def _layer(out_features: int, in_features: int, device: str, dtype: torch.dtype, *, quant_type: str = "nf4",
-           nested: bool = True, seed: int = 0) -> torch.nn.Module:
+           nested: bool = True, seed: int = 0, blocksize: int = 64) -> torch.nn.Module:
     """A real bitsandbytes 4-bit linear layer of random weights."""
     weight = torch.randn(out_features, in_features, generator=torch.Generator().manual_seed(seed)) * 0.05
     layer = bnb.nn.Linear4bit(in_features, out_features, bias=False, compute_dtype=dtype, quant_type=quant_type,
                               compress_statistics=nested)
-    layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type=quant_type, compress_statistics=nested)
+    layer.weight = bnb.nn.Params4bit(weight, requires_grad=False, quant_type=quant_type, compress_statistics=nested,
+                                     blocksize=blocksize)
     layer = layer.to(device)
     if layer.weight.quant_state is None:  # moving to a GPU quantises; on a CPU nothing moves
         layer.weight = layer.weight._quantize("cpu")
@@ -44,18 +45,19 @@ def _close(dtype: torch.dtype) -> dict:
     return {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
 
 
-@pytest.mark.parametrize("rows,n,k,dtype,quant_type,nested", [
-    (3, 80, 192, torch.float32, "nf4", True),    # nothing fills a tile: masks on rows, N and K (192 = 1.5 tiles)
-    (16, 64, 1024, torch.float32, "nf4", False),  # K split into 8 partial sums; single quantisation
-    (5, 96, 320, torch.float32, "fp4", True),    # FP4's code book
-    (64, 128, 384, torch.bfloat16, "nf4", True),  # the decoder's rows and dtype
+@pytest.mark.parametrize("rows,n,k,dtype,quant_type,nested,blocksize", [
+    (3, 80, 192, torch.float32, "nf4", True, 64),     # nothing fills a tile: masks on rows and N
+    (16, 64, 1024, torch.float32, "nf4", False, 64),  # K split into 16 partial sums; single quantisation
+    (5, 96, 320, torch.float32, "fp4", True, 64),     # FP4's code book
+    (64, 128, 384, torch.bfloat16, "nf4", True, 64),  # the decoder's rows and dtype
+    (7, 64, 512, torch.float32, "nf4", True, 256),    # 128-column tiles, two to an absmax block
 ])
-def test_matmul_matches_dequantise_then_linear(rows, n, k, dtype, quant_type, nested):
+def test_matmul_matches_dequantise_then_linear(rows, n, k, dtype, quant_type, nested, blocksize):
     from grpo.kernels.matmul_4bit import Weight4bit, matmul_4bit
     from grpo.model.dequant import dequantized
 
     device = kernel_device()
-    layer = _layer(n, k, device, dtype, quant_type=quant_type, nested=nested)
+    layer = _layer(n, k, device, dtype, quant_type=quant_type, nested=nested, blocksize=blocksize)
     x = _x(rows, k, device, dtype)
     weight = Weight4bit.of(layer)
     assert torch.equal(weight.dense(dtype), dequantized(layer).to(dtype))
