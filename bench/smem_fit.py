@@ -65,6 +65,14 @@ def _logprob(kernel_name: str) -> tuple:
     return kernel, signature, {"BLOCK": logprob_entropy.BLOCK_V}
 
 
+def source(fn, signature: dict, constants: dict) -> ASTSource:
+    """The kernel as Triton's launcher specialises it: pointers (torch allocates 16-byte aligned) and integers
+    that are multiples of 16 (every one at the R1 launch but the 4-bit split's block count, 24) marked so."""
+    aligned = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in signature.items()
+               if (t.startswith("*") or t == "i32") and a != "k_blocks_per_split"}
+    return ASTSource(fn, {**signature, **{k: "constexpr" for k in constants}}, constexprs=constants, attrs=aligned)
+
+
 def kernels() -> list[tuple[str, dict, tuple]]:
     """(name, launch options, (kernel, signature, constexprs)) for every launch the kernels' launchers make:
     the 4-bit and attention ones at each of their ``launch_options``, the log-prob ones at Triton's default of
@@ -91,11 +99,7 @@ def main() -> None:
     print(f"Triton {triton.__version__}; shared memory a program asks for, in KiB (limit a block in brackets)")
     print(f"{'kernel':40s} {'stages':>6s}  " + "  ".join(f"{c} [{lim // 1024}]" for c, (_, lim) in CARDS.items()))
     for name, options, (fn, signature, constants) in kernels():
-        # as Triton's launcher specialises them: pointers (torch allocates 16-byte aligned) and integers that
-        # are multiples of 16, which every one is at the R1 launch but the 4-bit split's block count (24)
-        aligned = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in signature.items()
-                   if (t.startswith("*") or t == "i32") and a != "k_blocks_per_split"}
-        src = ASTSource(fn, {**signature, **{k: "constexpr" for k in constants}}, constexprs=constants, attrs=aligned)
+        src = source(fn, signature, constants)
         cells = []
         for card, (cc, limit) in CARDS.items():
             shared = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=options).metadata.shared
