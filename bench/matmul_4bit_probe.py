@@ -138,7 +138,9 @@ def main() -> None:
     results = {"device": torch.cuda.get_device_name(), "triton_interpret": os.environ.get("TRITON_INTERPRET"),
                "runs": [], "dense_us": {}}
     # {}: the launcher's own choice (the first of launch_options that fits); the others override it
-    launches = {torch.bfloat16: [{}, {"num_warps": 4}, {"num_stages": 4}, {"block_n": 128}]}
+    # 8c9b7da ran two programs an SM (128 registers at 8 warps): fewer warps or registers may run more
+    launches = {torch.bfloat16: [{}, {"num_warps": 4}, {"num_warps": 4, "num_stages": 2}, {"num_stages": 4},
+                                 {"block_n": 128}, {"block_n": 32}]}
     for dtype in launches:  # the decoder's dtype on a GPU (fp32 passed its test on the H100 on 2026-12-06)
         mods = [layer(INTER, HIDDEN, dtype, 0), layer(INTER, HIDDEN, dtype, 1), layer(HIDDEN, INTER, dtype, 2)]
         weights = [mk.Weight4bit.of(m) for m in mods]

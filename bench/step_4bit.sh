@@ -2,7 +2,7 @@
 # The decoder's MLP read in 4 bits (train.generation_mlp_4bit) in the 8 GiB step, in one device call (issue
 # 18), shortest first so a cut call keeps the most: (1) the 4-bit kernels' and the decoder's GPU tests (its
 # CUDA-graph capture failed on the H100 on 2026-12-05: a host sync in swiglu_4bit), then the kernels alone
-# against the dense MLP (bench/matmul_4bit_probe.py: each kernel, five launches, what Triton built); (2) the
+# against the dense MLP (bench/matmul_4bit_probe.py: each kernel, six launches, what Triton built); (2) the
 # shipped preset's train stage against the same with generation_mlp_4bit, each over 3 steps after a warm-up
 # under a 7.5 GiB cap (bench/gpu_tune.py's steady job); (3) decode speed, 4-bit MLP then dense copy, with
 # what time is left.
