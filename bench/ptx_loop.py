@@ -24,7 +24,8 @@ from triton.backends.compiler import GPUTarget
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.smem_fit import _matmul_4bit, source  # noqa: E402
 
-WATCHED = r"(ld\.global|st\.global|cp\.async\.c[ag]|ld\.shared|st\.shared|ldmatrix|stmatrix|shfl|bar\.sync|wgmma\.mma_async|mma\.sync)"
+WATCHED = (r"(ld\.global|st\.global|cp\.async\.c[ag]|ld\.shared|st\.shared|ldmatrix|stmatrix|shfl|bar\.sync"
+           r"|wgmma\.mma_async|mma\.sync)")
 
 
 def loop_body(ptx: str) -> list[str]:

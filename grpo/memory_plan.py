@@ -19,9 +19,10 @@ stage's params onto them:
   cache and memory-efficient attention.
 - training (``plan_training``): one micro-batch of ``train_batch_size`` sequences: with gradient
   checkpointing each layer's input is kept and one layer's activations are live at a time (without
-  it, every layer's saved set, ``saved_per_token``, is kept until backward); log-probs come from ``logprob_chunk_size`` tokens of logits at a time: one
-  buffer in the compute dtype with the fused Triton kernel on CUDA (grpo/kernels), about three fp32
-  ones with the PyTorch path (grpo/algo/logprobs.py).
+  it, every layer's saved set, ``saved_per_token``, is kept until backward); log-probs come from
+  ``logprob_chunk_size`` tokens of logits at a time: one buffer in the compute dtype with the fused
+  Triton kernel on CUDA (grpo/kernels), about three fp32 ones with the PyTorch path
+  (grpo/algo/logprobs.py).
 
 Biases and norm weights (well under 1% of a model) are left out. It is a planning estimate: allocator
 fragmentation and kernels' workspaces come on top (``CUDA_RUNTIME_BYTES``). tests/test_check.py holds the
