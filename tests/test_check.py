@@ -87,6 +87,15 @@ def test_dense_training_counts_a_copy_while_training_unless_generation_keeps_one
     assert no_cache["training"].row("dense_training_copy") == 73728 * 2
 
 
+def r1_preset_plan(micro_batch: int, prompt_tokens: int, **train) -> list[Phase]:
+    """The plan's (generation, training) phases at the 8 GB preset's shape on CUDA: R1-Distill-1.5B, nf4, LoRA
+    r16, 64 x 768-token rollouts at temperature 0.7, micro-batches of ``micro_batch``."""
+    params = TrainParams(quantization="nf4", lora=LoraParams(r=16, alpha=32), generation_batch_size=64,
+                         max_response_length=768, train_batch_size=micro_batch, temperature=0.7, **train)
+    return plan_memory(resolve_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"), params, compute_dtype="bfloat16",
+                       prompt_tokens=prompt_tokens, cuda=True)
+
+
 @pytest.mark.parametrize("measured", ["gpu_step_triton_lora-torch.json", "gpu_step_triton_mb8.json",
                                       "gpu_step_triton_mb16_lora-torch.json",
                                       "decode_h100/gpu_step_triton_preset_train_mb16_gen_seqs64.json"])
@@ -96,11 +105,7 @@ def test_plan_bounds_the_peaks_measured_on_the_h200(measured):
     an H100 with the Triton decode attention): the plan must not promise less, and may over-estimate by at
     most its runtime allowance (CUDA context, workspaces) + 0.6 GiB."""
     record = json.loads((ROOT / "bench" / "results" / measured).read_text())["triton_step1"]
-    params = TrainParams(quantization="nf4", lora=LoraParams(r=16, alpha=32), generation_batch_size=64,
-                         max_response_length=768, train_batch_size=int(record["micro_batch"]["train"]), temperature=0.7)
-    arch = resolve_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
-    generation, training = plan_memory(arch, params, compute_dtype="bfloat16", prompt_tokens=record["prompt_tokens"],
-                                       cuda=True)
+    generation, training = r1_preset_plan(int(record["micro_batch"]["train"]), record["prompt_tokens"])
     for phase, plan in (("generate", generation), ("train", training)):
         measured_bytes = record[f"{phase}_peak_GiB"] * GIB
         assert measured_bytes <= plan.peak <= measured_bytes + plan.row("runtime") + 0.6 * GIB, (phase, plan.peak / GIB)
@@ -118,12 +123,8 @@ def test_without_checkpointing_the_plan_bounds_what_the_h100_measured():
     then passed: under 7.5 GiB, 2 sequences ran with a training peak of 6.85 GiB (the old plan's own rows
     said 6.29); under 23.5 GiB, 9 sequences (planned 22.59 GiB) ran out of memory, and the engine went on at 4.
     The plan must cover the first and refuse the second (119-token prompts, the trials')."""
-    arch = resolve_arch("deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B")
-
     def training(micro_batch: int) -> Phase:
-        params = TrainParams(quantization="nf4", lora=LoraParams(r=16, alpha=32), generation_batch_size=64,
-                             max_response_length=768, train_batch_size=micro_batch, gradient_checkpointing=False)
-        return plan_memory(arch, params, compute_dtype="bfloat16", prompt_tokens=119, cuda=True)[1]
+        return r1_preset_plan(micro_batch, 119, gradient_checkpointing=False)[1]
 
     ran = _tune_trials("7.5", checkpointing=False)[2]
     assert ran["status"] == "ok"
