@@ -32,13 +32,13 @@ CARDS = {"A100 (sm_80)": (80, 163 * 1024), "RTX 30 (sm_86)": (86, 99 * 1024), "R
 R1 = dict(heads=12, kv_heads=2, head_dim=128)  # bench/r1_model.py's attention shape
 
 
-def _matmul_4bit(dtype: str, swiglu: bool, block_n: int) -> tuple:
+def _matmul_4bit(dtype: str, swiglu: bool, block_n: int, block_m: int = 64) -> tuple:
     t = "fp32" if dtype == "float32" else "bf16"
     signature = {"x_ptr": f"*{t}", "stride_xm": "i32", "out_ptr": f"*{t}", "stride_om": "i32",
                  "stride_split": "i32", "M": "i32", "N": "i32", "K": "i32", "w_ptr": "*u8", "absmax_ptr": "*fp32",
                  "up_ptr": "*u8", "up_absmax_ptr": "*fp32", "code_ptr": "*fp32", "k_blocks_per_split": "i32"}
-    constants = {"BLOCKSIZE": 64, "BLOCK_M": 64, "BLOCK_N": block_n, "BLOCK_K": matmul_4bit.block_k(64),
-                 "SWIGLU": swiglu, "DOT_IEEE": dtype == "float32"}
+    constants = {"BLOCKSIZE": 64, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": matmul_4bit.block_k(64),
+                 "SWIGLU": swiglu, "DOT_IEEE": dtype == "float32", "ASM": True}
     return matmul_4bit._matmul_4bit_kernel, signature, constants
 
 
@@ -79,10 +79,12 @@ def kernels() -> list[tuple[str, dict, tuple]]:
     3 stages."""
     found = []
     for dtype in ("bfloat16", "float32"):
-        for swiglu in (True, False):
-            for block_n, stages in matmul_4bit.launch_options():
-                found.append((f"{'swiglu' if swiglu else 'matmul'}_4bit {dtype} BLOCK_N={block_n}",
-                              {"num_stages": stages, "num_warps": 8}, _matmul_4bit(dtype, swiglu, block_n)))
+        for (swiglu, few_rows), launch in matmul_4bit.LAUNCHES.items():
+            warps = max(8, launch.warps) if dtype == "float32" else launch.warps  # as matmul_4bit._run
+            for block_n, stages in matmul_4bit.launch_options(launch.block_n):
+                found.append((f"{'swiglu' if swiglu else 'matmul'}_4bit {dtype} {16 if few_rows else 64} rows "
+                              f"BLOCK_N={block_n} warps={warps}", {"num_stages": stages, "num_warps": warps},
+                              _matmul_4bit(dtype, swiglu, block_n, 16 if few_rows else 64)))
         for block, stages in decode_attention.launch_options():
             found.append((f"decode_attention {dtype} BLOCK={block}", {"num_stages": stages},
                           _decode_attention(dtype, block)))

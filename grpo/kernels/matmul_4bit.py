@@ -15,7 +15,10 @@ projection: N = 1536 for K = 8960), the partials summed in a fixed order (determ
 reads a [BLOCK_N, BLOCK_K / 2] tile of bytes, de-quantises its high and low nibbles as bitsandbytes does
 (code[nibble] * its block's absmax, in fp32, rounded to the compute dtype), interleaves them back into the
 [BLOCK_N, BLOCK_K] weight tile, and multiplies it on tensor cores with x's [BLOCK_K, rows] tile (fp32
-accumulation), so the products are the dense copy's to the summation order.
+accumulation), so the products are the dense copy's to the summation order. On a GPU the code book is looked
+up by a warp shuffle written in inline PTX (``_SHUFFLE_LOOKUP``), elementwise in the tensor cores' own layout;
+Triton's interpreter cannot run PTX and looks the same values up with ``tl.gather``. How each call is cut into
+programs (``LAUNCHES``) was measured by bench/matmul_4bit_probe.py's sweep.
 
 Layout (bitsandbytes ``quantize_4bit``): the weight [N, K] flattened row-major, two codes a byte, the
 first in the high nibble; one absmax per ``blocksize`` consecutive values of a row (K must be a multiple of
@@ -23,7 +26,8 @@ it), itself 8-bit quantised in blocks of 256 with an offset (double quantisation
 fp32 absmax per block.
 
 The reference is bitsandbytes' ``dequantize_4bit`` followed by ``F.linear`` (what the decoder's dense
-copy computes); tests/kernels/test_matmul_4bit.py compares the two under Triton's interpreter on a CPU.
+copy computes); tests/kernels/test_matmul_4bit.py compares the two under Triton's interpreter on a CPU (the
+algorithm) and on a GPU (the shuffle).
 """
 from __future__ import annotations
 
@@ -40,8 +44,26 @@ from grpo.model.dequant import dequantized
 if triton is not None:
     import triton.language as tl
 
-BLOCK_N, MAX_BLOCK_K = 64, 128
-MIN_PROGRAMS = 256  # split K until a call has this many programs: ~2 waves on a 132-SM H100 or H200
+MAX_BLOCK_K = 128
+
+
+@dataclass(frozen=True)
+class Launch:
+    """How one call is cut into programs."""
+
+    block_n: int = 64  # weight rows a program computes
+    max_block_m: int = 64  # rows of x a program computes, at most (fewer: more programs, each tile read again)
+    warps: int = 4  # one warpgroup a 64-row tile: at 8 the two each de-quantised the whole tile (PTX, sm_90)
+    min_programs: int = 256  # split K until a call has this many programs (not the fused kernel: SwiGLU)
+
+
+# by (the fused gate/up kernel?, at most 16 rows?): the fastest of bench/matmul_4bit_probe.py's sweep on an
+# H100 (RESULTS, tenth session). At 16 rows the fused kernel runs 560 one-warp programs (24.8 us against 33.9 at
+# 140 of four warps); at 64 rows more, narrower or row-split programs were all slower (each de-quantises more)
+LAUNCHES: dict[tuple[bool, bool], Launch] = {(True, True): Launch(block_n=16, max_block_m=16, warps=1),
+                                             (True, False): Launch(),
+                                             (False, True): Launch(min_programs=264),
+                                             (False, False): Launch(min_programs=264)}
 
 
 @dataclass(frozen=True)
@@ -80,52 +102,87 @@ class Weight4bit:
 
 if triton is not None:
 
-    @triton.jit
-    def _tile(w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE: tl.constexpr, BLOCK_K: tl.constexpr, dtype):
-        """Rows ``n`` of W at this K block, de-quantised as bitsandbytes does (code * absmax in fp32, rounded to
-        ``dtype``): [BLOCK_N, BLOCK_K]. A byte holds columns 2j (high nibble) and 2j + 1 (low); the two halves
-        are interleaved back by ``join`` + ``reshape``. The code book (``codes``: [BLOCK_N, 16], each row the
-        same) is looked up in registers, and a tile row has one absmax (BLOCK_K divides the block size):
-        gathering either from memory per element made the MLP ~30x slower than the dense copy's (RESULTS)."""
-        j = kb * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)  # the tile's byte columns; K is a multiple of BLOCK_K
-        byte = tl.load(w_ptr + n[:, None].to(tl.int64) * (K // 2) + j[None, :], mask=n[:, None] < N,
-                       other=0).to(tl.int32)
-        scale = tl.load(absmax_ptr + n.to(tl.int64) * (K // BLOCKSIZE) + (kb * BLOCK_K) // BLOCKSIZE, mask=n < N,
-                        other=0.0)[:, None]
-        even = (tl.gather(codes, byte >> 4, axis=1) * scale).to(dtype)
-        odd = (tl.gather(codes, byte & 0xF, axis=1) * scale).to(dtype)
-        return tl.reshape(tl.join(even, odd), (n.shape[0], BLOCK_K))
+    # The code book's look-up as one shuffle a weight, written out because tl.gather's shuffles force the tile
+    # through shared memory into the tensor cores' layout (PTX, sm_90; RESULTS, tenth session). Each lane
+    # loads code[lane % 16], so the lane a nibble names holds its code; four bytes (eight weights) a call.
+    _SHUFFLE_LOOKUP = tl.constexpr("""{
+    .reg .b32 t, l, n<8>;
+    .reg .b64 a;
+    mov.u32 l, %laneid;
+    and.b32 l, l, 15;
+    mul.wide.u32 a, l, 4;
+    add.s64 a, a, $9;
+    ld.global.nc.f32 t, [a];
+    bfe.u32 n0, $8, 4, 4;
+    bfe.u32 n1, $8, 12, 4;
+    bfe.u32 n2, $8, 20, 4;
+    bfe.u32 n3, $8, 28, 4;
+    bfe.u32 n4, $8, 0, 4;
+    bfe.u32 n5, $8, 8, 4;
+    bfe.u32 n6, $8, 16, 4;
+    bfe.u32 n7, $8, 24, 4;
+    shfl.sync.idx.b32 $0, t, n0, 31, -1;
+    shfl.sync.idx.b32 $1, t, n1, 31, -1;
+    shfl.sync.idx.b32 $2, t, n2, 31, -1;
+    shfl.sync.idx.b32 $3, t, n3, 31, -1;
+    shfl.sync.idx.b32 $4, t, n4, 31, -1;
+    shfl.sync.idx.b32 $5, t, n5, 31, -1;
+    shfl.sync.idx.b32 $6, t, n6, 31, -1;
+    shfl.sync.idx.b32 $7, t, n7, 31, -1;
+    }""")
 
     @triton.jit
-    def _dot(w, x_t, IEEE: tl.constexpr):
-        """w [BLOCK_N, k] @ x_t [k, BLOCK_M], accumulated in fp32."""
+    def _tile(w_ptr, absmax_ptr, code_ptr, n, kb, N, K, BLOCKSIZE: tl.constexpr, BLOCK_K: tl.constexpr, dtype,
+              ASM: tl.constexpr):
+        """Rows ``n`` of W at this K block, de-quantised as bitsandbytes does (code * absmax in fp32, rounded to
+        ``dtype``): [BLOCK_N, BLOCK_K]. A byte holds columns 2j (high nibble) and 2j + 1 (low); the two halves
+        are interleaved back by ``join`` + ``reshape``, which puts them where the tensor cores' register operand
+        wants them (consecutive K pairs). A tile row has one absmax (BLOCK_K divides the block size). ``ASM``:
+        the look-up by ``_SHUFFLE_LOOKUP``; else (Triton's interpreter) ``tl.gather`` from the code book in
+        registers. Gathering from memory instead was slower (RESULTS, eighth and tenth sessions)."""
+        j = kb * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)  # the tile's byte columns; K is a multiple of BLOCK_K
+        byte = tl.load(w_ptr + n[:, None].to(tl.int64) * (K // 2) + j[None, :], mask=n[:, None] < N, other=0)
+        scale = tl.load(absmax_ptr + n.to(tl.int64) * (K // BLOCKSIZE) + (kb * BLOCK_K) // BLOCKSIZE, mask=n < N,
+                        other=0.0)[:, None]
+        if ASM:
+            table = tl.zeros_like(byte).to(tl.int64) + code_ptr.to(tl.int64)
+            even, odd = tl.inline_asm_elementwise(_SHUFFLE_LOOKUP, "=r,=r,=r,=r,=r,=r,=r,=r,r,l,l,l,l", [byte, table],
+                                                  dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
+        else:
+            codes = tl.broadcast_to(tl.load(code_ptr + tl.arange(0, 16))[None, :], (n.shape[0], 16))
+            even = tl.gather(codes, byte.to(tl.int32) >> 4, axis=1)
+            odd = tl.gather(codes, byte.to(tl.int32) & 0xF, axis=1)
+        return tl.reshape(tl.join((even * scale).to(dtype), (odd * scale).to(dtype)), (n.shape[0], BLOCK_K))
+
+    @triton.jit
+    def _dot(w, x_t, acc, IEEE: tl.constexpr):
+        """acc + w [BLOCK_N, k] @ x_t [k, BLOCK_M], accumulated in fp32 in place."""
         if IEEE:
-            return tl.dot(w.to(tl.float32), x_t.to(tl.float32), input_precision="ieee")
-        return tl.dot(w, x_t)
+            return tl.dot(w.to(tl.float32), x_t.to(tl.float32), acc, input_precision="ieee")
+        return tl.dot(w, x_t, acc)
 
     @triton.jit
     def _matmul_4bit_kernel(x_ptr, stride_xm, out_ptr, stride_om, stride_split, M, N, K,
                             w_ptr, absmax_ptr, up_ptr, up_absmax_ptr, code_ptr, k_blocks_per_split,
                             BLOCKSIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, DOT_IEEE: tl.constexpr):
+                            BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, DOT_IEEE: tl.constexpr, ASM: tl.constexpr):
         # computes out^T = W x^T, so the de-quantised weights are the tensor cores' left operand, which can stay
         # in registers; as the right one (x W^T) every tile went through shared memory value by value (RESULTS)
         pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         dtype = x_ptr.dtype.element_ty
-        codes = tl.broadcast_to(tl.load(code_ptr + tl.arange(0, 16))[None, :], (BLOCK_N, 16))
         acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         acc_up = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         first = pid_k * k_blocks_per_split
         for kb in range(first, tl.minimum(first + k_blocks_per_split, K // BLOCK_K)):
             k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
-            x_t = tl.trans(tl.load(x_ptr + m[:, None].to(tl.int64) * stride_xm + k[None, :], mask=m[:, None] < M,
-                                   other=0.0))
-            acc += _dot(_tile(w_ptr, absmax_ptr, codes, n, kb, N, K, BLOCKSIZE, BLOCK_K, dtype), x_t, DOT_IEEE)
+            x_t = tl.load(x_ptr + m[None, :].to(tl.int64) * stride_xm + k[:, None], mask=m[None, :] < M, other=0.0)
+            acc = _dot(_tile(w_ptr, absmax_ptr, code_ptr, n, kb, N, K, BLOCKSIZE, BLOCK_K, dtype, ASM), x_t, acc,
+                       DOT_IEEE)
             if SWIGLU:
-                acc_up += _dot(_tile(up_ptr, up_absmax_ptr, codes, n, kb, N, K, BLOCKSIZE, BLOCK_K, dtype), x_t,
-                               DOT_IEEE)
+                acc_up = _dot(_tile(up_ptr, up_absmax_ptr, code_ptr, n, kb, N, K, BLOCKSIZE, BLOCK_K, dtype, ASM),
+                              x_t, acc_up, DOT_IEEE)
         out = out_ptr + pid_k * stride_split + m[None, :].to(tl.int64) * stride_om + n[:, None]
         if SWIGLU:  # F.silu(gate) * up on the compute dtype's values, as the dense decoder rounds them
             gate = acc.to(dtype).to(tl.float32)
@@ -139,26 +196,31 @@ def block_k(blocksize: int) -> int:
     return min(blocksize, MAX_BLOCK_K)
 
 
-def launch_options() -> list[tuple[int, int]]:
+def launch_options(block_n: int) -> list[tuple[int, int]]:
     """(BLOCK_N, Triton's num_stages) to try in turn (grpo/kernels/fit.py): the fused gate/up kernel holds
     two weights' tiles in every pipeline stage (when it gathered its code book from memory, 208 KiB in bf16
     at three stages and 288 in fp32, against an H100's 227 and an RTX card's 99; bench/smem_fit.py prints
     today's), so fewer stages and then narrower tiles follow."""
-    return [(BLOCK_N, 3), (BLOCK_N, 2), (BLOCK_N // 2, 2), (BLOCK_N // 2, 1), (16, 1)]
+    options = [(block_n, 3), (block_n, 2), (max(16, block_n // 2), 2), (max(16, block_n // 2), 1), (16, 1)]
+    return list(dict.fromkeys(options))  # in order, once each
 
 
 def _launch(x: Tensor, w: Weight4bit, up: Weight4bit | None) -> Tensor:
-    """The kernel at the first of ``launch_options`` that loads on this GPU (remembered)."""
-    block_m = max(16, triton.next_power_of_2(min(x.shape[0], 64)))
-    key = ("matmul_4bit", x.device, x.dtype, up is not None, block_m, BLOCK_N, w.blocksize)
-    return first_that_loads(key, launch_options(), lambda option: _run(x, w, up, block_m, *option))
+    """The kernel at ``LAUNCHES``' cut and the first of its ``launch_options`` that loads on this GPU
+    (remembered)."""
+    launch = LAUNCHES[(up is not None, x.shape[0] <= 16)]
+    block_m = max(16, triton.next_power_of_2(min(x.shape[0], launch.max_block_m)))
+    key = ("matmul_4bit", x.device, x.dtype, up is not None, block_m, launch, w.blocksize)
+    return first_that_loads(key, launch_options(launch.block_n),
+                            lambda option: _run(x, w, up, block_m, launch, *option))
 
 
-def _run(x: Tensor, w: Weight4bit, up: Weight4bit | None, block_m: int, block_n: int, stages: int) -> Tensor:
+def _run(x: Tensor, w: Weight4bit, up: Weight4bit | None, block_m: int, launch: Launch, block_n: int,
+         stages: int) -> Tensor:
     rows = x.shape[0]
     tiles = triton.cdiv(w.out_features, block_n) * triton.cdiv(rows, block_m)
     k_blocks = w.in_features // block_k(w.blocksize)
-    split = 1 if up is not None else min(k_blocks, triton.cdiv(MIN_PROGRAMS, tiles))
+    split = 1 if up is not None else min(k_blocks, triton.cdiv(launch.min_programs, tiles))
     per_split = triton.cdiv(k_blocks, split)
     split = triton.cdiv(k_blocks, per_split)
     out = (torch.empty(rows, w.out_features, dtype=x.dtype, device=x.device) if split == 1 else
@@ -170,8 +232,8 @@ def _run(x: Tensor, w: Weight4bit, up: Weight4bit | None, block_m: int, block_n:
         BLOCKSIZE=w.blocksize, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k(w.blocksize), SWIGLU=up is not None,
         # fp32 gets exact (not TF32) products; so does everything under the interpreter, whose bf16 tl.dot
         # is wrong (numpy has no bf16)
-        DOT_IEEE=x.dtype == torch.float32 or _interpreting(), num_stages=stages,
-        num_warps=8)  # at 4, ptxas (sm_90) spilled the first fused kernel (64 x 128 tiles) beyond 255 registers
+        DOT_IEEE=x.dtype == torch.float32 or _interpreting(), ASM=not _interpreting(), num_stages=stages,
+        num_warps=max(8, launch.warps) if x.dtype == torch.float32 else launch.warps)  # fp32 spilled at 4
     return out if split == 1 else out.sum(0).to(x.dtype)
 
 

@@ -20,7 +20,7 @@ bnb = pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed"
 
 
 def test_kernels_under_interpreter():
-    run_under_interpreter(__file__, passed=9)
+    run_under_interpreter(__file__, passed=11)
 
 
 def _layer(out_features: int, in_features: int, device: str, dtype: torch.dtype, *, quant_type: str = "nf4",
@@ -75,15 +75,16 @@ def test_split_k_sums_in_a_fixed_order():
     assert torch.equal(matmul_4bit(x, weight), matmul_4bit(x, weight))
 
 
+@pytest.mark.parametrize("rows", [6, 40])  # each of matmul_4bit.LAUNCHES' cuts: up to 16 rows, and more
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_swiglu_matches_the_dense_mlp(dtype):
+def test_swiglu_matches_the_dense_mlp(dtype, rows):
     from grpo.kernels.matmul_4bit import Weight4bit, matmul_4bit, reference_mlp, swiglu_4bit
     from grpo.model.dequant import dequantized
 
     device = kernel_device()
     gate, up, down = (_layer(*shape, device, dtype, seed=seed)
                       for seed, shape in enumerate([(192, 64), (192, 64), (64, 192)]))
-    h = _x(6, 64, device, dtype)
+    h = _x(rows, 64, device, dtype)
     act = swiglu_4bit(h, Weight4bit.of(gate), Weight4bit.of(up))
     dense = [dequantized(m).to(dtype) for m in (gate, up, down)]
     expected = F.silu(F.linear(h, dense[0])) * F.linear(h, dense[1])
@@ -110,7 +111,7 @@ def test_a_launch_that_needs_more_shared_memory_than_the_gpu_has_falls_back_and_
 
     tried = []
 
-    def run(x, w, up, block_m, block_n, stages):
+    def run(x, w, up, block_m, launch, block_n, stages):
         tried.append((block_n, stages))
         need = 2 * stages * block_n * 1024 + 60 * 1024  # a made-up size that grows with tiles and stages
         if need > 99 * 1024:
@@ -122,15 +123,15 @@ def test_a_launch_that_needs_more_shared_memory_than_the_gpu_has_falls_back_and_
     weight = mk.Weight4bit.of(_layer(64, 128, "cpu", torch.float32))
     x = torch.ones(4, 128)
     assert mk._launch(x, weight, None)[0, 0].item() == 16 * 10 + 1  # (64, 3) ... (32, 1) refused; (16, 1) fits
-    assert tried == mk.launch_options()
+    assert tried == mk.launch_options(64)
     tried.clear()
     mk._launch(x, weight, None)
     assert tried == [(16, 1)]  # remembered: nothing is compiled again, e.g. inside a CUDA graph capture
     tried.clear()
     mk._launch(torch.ones(64, 128), weight, None)  # another tile of rows: its own search
-    assert tried == mk.launch_options()
+    assert tried == mk.launch_options(64)
 
     monkeypatch.setattr(fit, "_CHOSEN", {})
-    monkeypatch.setattr(mk, "launch_options", lambda: [(64, 3), (64, 2)])
+    monkeypatch.setattr(mk, "launch_options", lambda block_n: [(block_n, 3), (block_n, 2)])
     with pytest.raises(OutOfResources):  # nothing fits: the last option's error reaches the caller
         mk._launch(x, weight, None)
