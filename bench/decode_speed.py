@@ -13,7 +13,7 @@ kernels per decode step, their summed time per step and the top kernels. Writes
 $OUT/decode_speed_<label>.json (default bench/results/). ``--compile-mode`` recompiles the decoder's layer
 parts in another torch.compile mode (an experiment: max-autotune lets inductor time Triton matmul templates
 against cuBLAS for the skinny decode matmuls). ``--read-4bit-mlp`` decodes with the MLP read in 4 bits
-(grpo/kernels/matmul_4bit.py) instead of a dense copy, and ``--tiles`` times other tiles of its kernels.
+(grpo/kernels/matmul_4bit.py) instead of a dense copy.
 """
 from __future__ import annotations
 
@@ -79,13 +79,28 @@ def main() -> None:
     parser.add_argument("--compile-mode", default=None)
     parser.add_argument("--read-4bit-mlp", action="store_true",
                         help="the MLP read in 4 bits (train.generation_mlp_4bit)")
-    parser.add_argument("--tiles", default="", help="with --read-4bit-mlp, also time the 4-bit kernels' other "
-                        "BLOCK_NxBLOCK_K tiles, e.g. 32x128,64x256")
+    parser.add_argument("--launches", type=Path, default=None,
+                        help="with --read-4bit-mlp, the 4-bit kernels' cut by part and rows: a probe file's 'best' "
+                        "(bench/matmul_4bit_probe.py)")
     args = parser.parse_args()
     from grpo.rollout.static_decode import StaticDecoder
 
+    if args.launches:
+        from bench.matmul_4bit_probe import cut
+        from grpo.kernels import matmul_4bit
+
+        best = json.loads(args.launches.read_text())["best"]
+        for (swiglu, few_rows) in matmul_4bit.LAUNCHES:
+            name = f"{'swiglu' if swiglu else 'down'}{16 if few_rows else 64}"
+            if name in best:
+                matmul_4bit.LAUNCHES[(swiglu, few_rows)] = cut(best[name])
+
     res: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "label": args.label,
                  "tree": os.environ.get("GRPO_TREE", "this")}
+    if args.launches:
+        from grpo.kernels import matmul_4bit
+
+        res["launches"] = {str(key): str(launch) for key, launch in matmul_4bit.LAUNCHES.items()}
     policy = add_lora(load_base("nf4"))
     decoder = StaticDecoder(policy, merge_lora=True, **({"read_4bit_mlp": True} if args.read_4bit_mlp else {}))
     res["fused_attention"] = getattr(decoder, "fused", False)
@@ -106,12 +121,6 @@ def main() -> None:
     if args.profile:
         res["kernels_B64"] = kernel_table(decoder)
         print(json.dumps(res["kernels_B64"], indent=1), flush=True)
-        save()
-    for tiles in filter(None, args.tiles.split(",")):  # other tiles of the 4-bit kernels, same decoder
-        from grpo.kernels import matmul_4bit
-
-        matmul_4bit.BLOCK_N, matmul_4bit.BLOCK_K = map(int, tiles.split("x"))
-        res[f"tiles_{tiles}"] = time_batches(decoder, f"{args.label} tiles {tiles}")
         save()
 
 

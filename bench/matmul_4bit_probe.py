@@ -1,6 +1,7 @@
 """Why the 4-bit MLP kernels failed on the H100 (2026-12-05, seventh session), and which launch settings fit.
 
-    python3 bench/matmul_4bit_probe.py     (writes $OUT/matmul_4bit_probe.json; default bench/results/)
+    python3 bench/matmul_4bit_probe.py [--label new] [--no-sweep]   (writes $OUT/matmul_4bit_probe_LABEL.json)
+    GRPO_TREE=/path/to/old/tree python3 bench/matmul_4bit_probe.py --label old --no-sweep   # same call
 
 The first device run of grpo/kernels/matmul_4bit.py showed two failures: the fp32 SwiGLU test asked for
 245,760 bytes of shared memory (the H100 allows 232,448), and the train stage's decoder with
@@ -10,10 +11,14 @@ own quantiser): for each dtype, rows (16 and 64) and Triton's ``num_stages`` / `
 - an eager call against bitsandbytes' de-quantisation and ``F.linear`` (the error, with its traceback);
 - the same call warmed up on a side stream and captured as a CUDA graph, as the static decoder does, replayed
   and compared;
-- the replay's time (the MLP of one layer at one decode step: gate/up fused, then down with split K).
+- the replay's time (the MLP of one layer at one decode step: gate/up fused, then down with split K);
+then a sweep of each kernel alone over tile widths, warps and the down projection's split target, with the
+dense copy's matmuls by part beside it (issue 18, tenth session: is the kernel short of programs an SM?).
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -23,7 +28,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, os.environ.get("GRPO_TREE", str(Path(__file__).resolve().parent.parent)))  # a baseline's tree
 from grpo.kernels import matmul_4bit as mk  # noqa: E402
 from grpo.model.dequant import dequantized  # noqa: E402
 
@@ -42,25 +47,34 @@ def layer(n: int, k: int, dtype: torch.dtype, seed: int) -> torch.nn.Module:
 
 def mlp(x: torch.Tensor, gate, up, down, launch: dict, part: str = "both") -> torch.Tensor:
     """grpo.kernels.matmul_4bit's two calls (``part``: both, or only ``swiglu`` or ``down``, whose input is
-    then ``x`` cut to the intermediate width), with ``launch`` (num_stages, num_warps) passed to Triton."""
+    then ``x`` widened to the intermediate width), with ``launch``'s num_stages passed to Triton and its
+    block_n / block_m / num_warps / min_programs made the module's cut (``LAUNCHES``) for the call."""
     kernel = mk._matmul_4bit_kernel
-    original, block_n = kernel.run, mk.BLOCK_N
+    original, launches = kernel.run, dict(getattr(mk, "LAUNCHES", {}))
     launch = dict(launch)
-    mk.BLOCK_N = launch.pop("block_n", block_n)  # weight rows a program computes
+    stages = {"num_stages": launch.pop("num_stages")} if "num_stages" in launch else {}
+    if launch:  # one cut for every case (a tree with mk.Launch)
+        mk.LAUNCHES = {key: cut(launch) for key in launches}
 
     def run(*args, **kwargs):
-        return original(*args, **{**kwargs, **launch})
+        return original(*args, **{**kwargs, **stages})
 
     kernel.run = run
     try:
         if part == "swiglu":
             return mk.swiglu_4bit(x, gate, up)
         if part == "down":
-            return mk.matmul_4bit(x.repeat(1, INTER // HIDDEN + 1)[:, :INTER].contiguous(), down)
+            return mk.matmul_4bit(widened(x), down)
         return mk.matmul_4bit(mk.swiglu_4bit(x, gate, up), down)
     finally:
         kernel.run = original
-        mk.BLOCK_N = block_n
+        if launches:
+            mk.LAUNCHES = launches
+
+
+def widened(x: torch.Tensor) -> torch.Tensor:
+    """x repeated to the down projection's input width."""
+    return x.repeat(1, INTER // HIDDEN + 1)[:, :INTER].contiguous()
 
 
 def captured(fn) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
@@ -116,6 +130,54 @@ def probe(dtype: torch.dtype, rows: int, launch: dict, weights, dense) -> dict:
     return res
 
 
+def sweep_part(dtype: torch.dtype, rows: int, part: str, launch: dict, weights, dense) -> dict:
+    """One kernel (``swiglu`` or ``down``) alone at ``launch``: its error against the dense reference and its
+    captured replay time. Narrower tiles and fewer warps give more programs an SM: the 8c9b7da kernel ran
+    140 programs of 8 warps for gate/up on 132 SMs, about one an SM."""
+    x = torch.randn(rows, HIDDEN, device="cuda", dtype=dtype)
+    expected = (F.silu(F.linear(x, dense[0])) * F.linear(x, dense[1]) if part == "swiglu" else
+                F.linear(widened(x), dense[2])).float()
+    res: dict = {"rows": rows, "part": part, **launch}
+    try:
+        graph, got = captured(lambda: mlp(x, *weights, launch, part))
+        res["us"] = replay_us(graph)
+        res["max_err"] = (got.float() - expected).abs().max().item()
+    except Exception as exc:  # noqa: BLE001 - an option that does not compile or load is a finding
+        res["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+    return res
+
+
+def sweep_launches(part: str, rows: int) -> list[dict]:
+    """Launches around the launcher's choice that put more warps on each SM: Nsight Compute found the fused
+    gate/up kernel at 1.1 active warps a scheduler (140 programs of 4 warps, one an SM) and 26% issue, the
+    down projection at 2 (tenth session). Narrower weight tiles, x's rows split over programs (each program
+    de-quantises its tile again, from L2), and more K splits for down."""
+    if part == "swiglu":
+        shapes = [(64, 4, 64), (64, 4, 32), (64, 4, 16), (32, 4, 32), (32, 4, 16), (32, 2, 16), (16, 2, 16),
+                  (128, 8, 32)] if rows > 16 else [(64, 4, 16), (32, 4, 16), (32, 2, 16), (16, 2, 16), (16, 1, 16)]
+        return [{"block_n": bn, "num_warps": w, "block_m": bm} for bn, w, bm in shapes]
+    shapes = [(64, 4, 64, 264), (64, 4, 32, 264), (64, 4, 16, 528), (32, 4, 64, 528), (32, 2, 32, 528)] if rows > 16 \
+        else [(64, 4, 16, 264), (64, 4, 16, 528), (32, 4, 16, 528), (32, 2, 16, 528), (16, 2, 16, 1056)]
+    return [{"block_n": bn, "num_warps": w, "block_m": bm, "min_programs": p} for bn, w, bm, p in shapes]
+
+
+def best_launches(sweep: list[dict]) -> dict:
+    """The fastest swept launch for each part and rows ("swiglu16", "down64", ...), as the sweep wrote it
+    (``bench/decode_speed.py --launches`` takes this)."""
+    best: dict = {}
+    for res in sweep:
+        name = f"{res['part']}{res['rows']}"
+        if "us" in res and (name not in best or res["us"] < best[name]["us"]):
+            best[name] = res
+    return {name: {k: v for k, v in res.items() if k not in ("rows", "part", "max_err")} for name, res in best.items()}
+
+
+def cut(launch: dict):
+    """A swept launch (probe names) as the module's ``Launch``."""
+    names = {"block_n": "block_n", "block_m": "max_block_m", "num_warps": "warps", "min_programs": "min_programs"}
+    return dataclasses.replace(mk.Launch(), **{names[k]: v for k, v in launch.items() if k in names})
+
+
 def compiled_kernels() -> list[dict]:
     """What Triton built for each launch: registers, spills, shared memory, warps, stages."""
     found = []
@@ -128,39 +190,58 @@ def compiled_kernels() -> list[dict]:
     return found
 
 
-def dense_us(dtype: torch.dtype, rows: int, dense) -> float:
-    """The dense copy's MLP at the same rows, captured: the baseline the 4-bit read must beat."""
+def dense_us(dtype: torch.dtype, rows: int, dense) -> dict:
+    """The dense copy's MLP at the same rows, captured, whole and by part as the decoder runs it (gate and up
+    one matmul, then SwiGLU; down): the baseline the 4-bit read must beat."""
     x = torch.randn(rows, HIDDEN, device="cuda", dtype=dtype)
-    return replay_us(captured(lambda: dense_mlp(x, dense))[0])
+    gate_up = torch.cat(dense[:2])
+
+    def swiglu() -> torch.Tensor:
+        gate, up = F.linear(x, gate_up).chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    wide = widened(x)
+    return {"mlp": replay_us(captured(lambda: dense_mlp(x, dense))[0]), "swiglu": replay_us(captured(swiglu)[0]),
+            "down": replay_us(captured(lambda: F.linear(wide, dense[2]))[0])}
 
 
 def main() -> None:
-    results = {"device": torch.cuda.get_device_name(), "triton_interpret": os.environ.get("TRITON_INTERPRET"),
-               "runs": [], "dense_us": {}}
-    # {}: the launcher's own choice (the first of launch_options that fits); the others override it
-    # 8c9b7da ran two programs an SM (128 registers at 8 warps): fewer warps or registers may run more
-    launches = {torch.bfloat16: [{}, {"num_warps": 4}, {"num_warps": 4, "num_stages": 2}, {"num_stages": 4},
-                                 {"block_n": 128}, {"block_n": 32}]}
-    for dtype in launches:  # the decoder's dtype on a GPU (fp32 passed its test on the H100 on 2026-12-06)
-        mods = [layer(INTER, HIDDEN, dtype, 0), layer(INTER, HIDDEN, dtype, 1), layer(HIDDEN, INTER, dtype, 2)]
-        weights = [mk.Weight4bit.of(m) for m in mods]
-        dense = [dequantized(m).to(dtype) for m in mods]
-        for rows in (16, 64):
-            results["dense_us"][f"{dtype}-{rows}"] = dense_us(dtype, rows, dense)
-            for launch in launches[dtype]:
-                res = probe(dtype, rows, launch, weights, dense)
-                print({k: v for k, v in res.items() if not k.endswith("trace")}, flush=True)
-                results["runs"].append(res)
-                OUT.mkdir(parents=True, exist_ok=True)
-                (OUT / "matmul_4bit_probe.json").write_text(json.dumps(results, indent=1))
-    print("dense MLP (captured) us:", results["dense_us"])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", default="new", help="names the output file (the tree it measured)")
+    parser.add_argument("--no-sweep", action="store_true", help="only the launcher's own choice")
+    parser.add_argument("--rows", default="16,64", help="the decoder's sequences a step, comma-separated")
+    args = parser.parse_args()
+    out = OUT / f"matmul_4bit_probe_{args.label}.json"
+    dtype = torch.bfloat16  # the decoder's dtype on a GPU (fp32 passed its test on the H100 on 2026-12-06)
+    results = {"device": torch.cuda.get_device_name(), "tree": os.environ.get("GRPO_TREE", "this"), "runs": [],
+               "dense_us": {}, "sweep": []}
+    mods = [layer(INTER, HIDDEN, dtype, 0), layer(INTER, HIDDEN, dtype, 1), layer(HIDDEN, INTER, dtype, 2)]
+    weights = [mk.Weight4bit.of(m) for m in mods]
+    dense = [dequantized(m).to(dtype) for m in mods]
+    OUT.mkdir(parents=True, exist_ok=True)
+    rows_list = [int(r) for r in args.rows.split(",")]
+    for rows in rows_list:  # the launcher's own choice (the first of launch_options that fits): whole MLP, parts
+        results["dense_us"][f"{rows}"] = dense_us(dtype, rows, dense)
+        res = probe(dtype, rows, {}, weights, dense)
+        print({k: v for k, v in res.items() if not k.endswith("trace")}, "dense:", results["dense_us"][f"{rows}"],
+              flush=True)
+        results["runs"].append(res)
+        out.write_text(json.dumps(results, indent=1))
+    for rows in () if args.no_sweep else rows_list[::-1]:
+        for part in ("swiglu", "down"):
+            for launch in sweep_launches(part, rows):
+                res = sweep_part(dtype, rows, part, launch, weights, dense)
+                print(res, flush=True)
+                results["sweep"].append(res)
+                out.write_text(json.dumps(results, indent=1))
+    if results["sweep"]:
+        results["best"] = best_launches(results["sweep"])
+        print("fastest launch by part and rows:", results["best"])
     try:
         results["compiled"] = compiled_kernels()
     except (AttributeError, IndexError, TypeError) as exc:  # Triton's internals differ between versions
         results["compiled"] = [{"error": repr(exc)}]
-    for kernel in results["compiled"]:
-        print({k: v for k, v in kernel.items() if k != "key"})
-    (OUT / "matmul_4bit_probe.json").write_text(json.dumps(results, indent=1))
+    out.write_text(json.dumps(results, indent=1))
     for res in results["runs"]:
         for key in ("eager_trace", "graph_trace"):
             if key in res:

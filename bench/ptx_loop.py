@@ -42,15 +42,16 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=64, help="rows of x (the decoder's sequences), 16 to 64")
     parser.add_argument("--warps", type=int, default=8)
     parser.add_argument("--stages", type=int, default=3)
+    parser.add_argument("--block-n", type=int, default=64, help="weight rows a program computes")
     args = parser.parse_args()
-    fn, signature, constants = _matmul_4bit("bfloat16", args.kernel == "swiglu", 64)
+    fn, signature, constants = _matmul_4bit("bfloat16", args.kernel == "swiglu", args.block_n)
     constants["BLOCK_M"] = args.rows
     compiled = triton.compile(source(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
                               options={"num_stages": args.stages, "num_warps": args.warps})
     body = loop_body(compiled.asm["ptx"])
     ops = Counter(m.group(1) for line in body if (m := re.search(WATCHED, line.lstrip("@!%p0123456789 "))))
     print(f"Triton {triton.__version__}, sm_90, {args.kernel} at {args.rows} rows, {args.warps} warps, "
-          f"{args.stages} stages: BLOCK_K = {constants['BLOCK_K']} columns an iteration")
+          f"{args.stages} stages, BLOCK_N {args.block_n}: BLOCK_K = {constants['BLOCK_K']} columns an iteration")
     print(f"  {len(body)} PTX instructions an iteration, per thread; of them:")
     for op, count in sorted(ops.items(), key=lambda kv: -kv[1]):
         print(f"    {count:4d}  {op}")
