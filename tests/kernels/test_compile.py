@@ -1,0 +1,37 @@
+"""The 4-bit kernels compile for real GPUs on this CPU (Triton's own ptxas, no GPU needed), and each launch
+of ``matmul_4bit.LAUNCHES`` has an option that fits the card's shared memory.
+
+Why here: the kernels' code-book look-up is inline PTX (``matmul_4bit._SHUFFLE_LOOKUP``) that only a GPU runs;
+Triton's interpreter, which the other kernel tests use on a CPU, takes ``tl.gather`` instead. A PTX error
+would otherwise first show on a GPU. Compiled for an H100 (sm_90: wgmma) and for the 8 GB preset's card, an
+RTX 3060 Ti (sm_86: mma, 99 KiB of shared memory a block), with the launcher's alignment
+(bench/smem_fit.py, which prints every option for four cards).
+"""
+from __future__ import annotations
+
+import pytest
+
+triton = pytest.importorskip("triton", reason="triton is not installed")
+pytest.importorskip("triton.backends.nvidia", reason="this triton has no CUDA backend to compile for")
+
+
+@pytest.mark.parametrize("arch,dtype", [(90, "bfloat16"), (86, "bfloat16"), (86, "float32")])
+def test_each_4bit_launch_compiles_and_an_option_fits(arch, dtype):
+    from triton.backends.compiler import GPUTarget
+
+    from bench.smem_fit import CARDS, _matmul_4bit, source
+    from grpo.kernels import matmul_4bit
+
+    limit = next(lim for cc, lim in CARDS.values() if cc == arch)
+    for (swiglu, few_rows), launch in matmul_4bit.LAUNCHES.items():
+        warps = max(8, launch.warps) if dtype == "float32" else launch.warps  # as matmul_4bit._run
+        fitting = None
+        for block_n, stages in matmul_4bit.launch_options(launch.block_n):  # the launcher's order
+            src = source(*_matmul_4bit(dtype, swiglu, block_n, 16 if few_rows else 64))
+            compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                                      options={"num_stages": stages, "num_warps": warps})
+            assert "shfl.sync.idx.b32" in compiled.asm["ptx"]  # the look-up, not tl.gather's fallback
+            if compiled.metadata.shared <= limit:
+                fitting = (block_n, stages)
+                break
+        assert fitting is not None, f"no launch option of {launch} fits sm_{arch}'s {limit} bytes ({dtype})"
