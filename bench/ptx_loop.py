@@ -22,7 +22,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.smem_fit import _matmul_4bit, source  # noqa: E402
+from bench.smem_fit import matmul_4bit_launch, source  # noqa: E402
 
 WATCHED = (r"(ld\.global|st\.global|cp\.async\.c[ag]|ld\.shared|st\.shared|ldmatrix|stmatrix|shfl|bar\.sync"
            r"|wgmma\.mma_async|mma\.sync)")
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=3)
     parser.add_argument("--block-n", type=int, default=64, help="weight rows a program computes")
     args = parser.parse_args()
-    fn, signature, constants = _matmul_4bit("bfloat16", args.kernel == "swiglu", args.block_n)
+    fn, signature, constants = matmul_4bit_launch("bfloat16", args.kernel == "swiglu", args.block_n)
     constants["BLOCK_M"] = args.rows
     compiled = triton.compile(source(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
                               options={"num_stages": args.stages, "num_warps": args.warps})

@@ -32,7 +32,9 @@ CARDS = {"A100 (sm_80)": (80, 163 * 1024), "RTX 30 (sm_86)": (86, 99 * 1024), "R
 R1 = dict(heads=12, kv_heads=2, head_dim=128)  # bench/r1_model.py's attention shape
 
 
-def _matmul_4bit(dtype: str, swiglu: bool, block_n: int, block_m: int = 64) -> tuple:
+def matmul_4bit_launch(dtype: str, swiglu: bool, block_n: int, block_m: int = 64) -> tuple:
+    """(kernel, signature, constexprs) of one 4-bit kernel launch as grpo/kernels/matmul_4bit.py makes it, for
+    ``source`` (also bench/ptx_loop.py and tests/kernels/test_compile.py)."""
     t = "fp32" if dtype == "float32" else "bf16"
     signature = {"x_ptr": f"*{t}", "stride_xm": "i32", "out_ptr": f"*{t}", "stride_om": "i32",
                  "stride_split": "i32", "M": "i32", "N": "i32", "K": "i32", "w_ptr": "*u8", "absmax_ptr": "*fp32",
@@ -84,7 +86,7 @@ def kernels() -> list[tuple[str, dict, tuple]]:
             for block_n, stages in matmul_4bit.launch_options(launch.block_n):
                 found.append((f"{'swiglu' if swiglu else 'matmul'}_4bit {dtype} {16 if few_rows else 64} rows "
                               f"BLOCK_N={block_n} warps={warps}", {"num_stages": stages, "num_warps": warps},
-                              _matmul_4bit(dtype, swiglu, block_n, 16 if few_rows else 64)))
+                              matmul_4bit_launch(dtype, swiglu, block_n, 16 if few_rows else 64)))
         for block, stages in decode_attention.launch_options():
             found.append((f"decode_attention {dtype} BLOCK={block}", {"num_stages": stages},
                           _decode_attention(dtype, block)))

@@ -19,7 +19,7 @@ pytest.importorskip("triton.backends.nvidia", reason="this triton has no CUDA ba
 def test_each_4bit_launch_compiles_and_an_option_fits(arch, dtype):
     from triton.backends.compiler import GPUTarget
 
-    from bench.smem_fit import CARDS, _matmul_4bit, source
+    from bench.smem_fit import CARDS, matmul_4bit_launch, source
     from grpo.kernels import matmul_4bit
 
     limit = next(lim for cc, lim in CARDS.values() if cc == arch)
@@ -27,7 +27,7 @@ def test_each_4bit_launch_compiles_and_an_option_fits(arch, dtype):
         warps = max(8, launch.warps) if dtype == "float32" else launch.warps  # as matmul_4bit._run
         fitting = None
         for block_n, stages in matmul_4bit.launch_options(launch.block_n):  # the launcher's order
-            src = source(*_matmul_4bit(dtype, swiglu, block_n, 16 if few_rows else 64))
+            src = source(*matmul_4bit_launch(dtype, swiglu, block_n, 16 if few_rows else 64))
             compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
                                       options={"num_stages": stages, "num_warps": warps})
             assert "shfl.sync.idx.b32" in compiled.asm["ptx"]  # the look-up, not tl.gather's fallback
