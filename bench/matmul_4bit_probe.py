@@ -1,19 +1,19 @@
-"""Why the 4-bit MLP kernels failed on the H100 (2026-12-05, seventh session), and which launch settings fit.
+"""The 4-bit MLP kernels (grpo/kernels/matmul_4bit.py) taken apart on a GPU at the R1-Distill-Qwen-1.5B MLP's
+shapes (random nf4 weights, bitsandbytes' own quantiser, bf16), against the dense copy the decoder otherwise
+keeps.
 
-    python3 bench/matmul_4bit_probe.py [--label new] [--no-sweep]   (writes $OUT/matmul_4bit_probe_LABEL.json)
+    python3 bench/matmul_4bit_probe.py [--label new] [--rows 16,64] [--no-sweep]
     GRPO_TREE=/path/to/old/tree python3 bench/matmul_4bit_probe.py --label old --no-sweep   # same call
 
-The first device run of grpo/kernels/matmul_4bit.py showed two failures: the fp32 SwiGLU test asked for
-245,760 bytes of shared memory (the H100 allows 232,448), and the train stage's decoder with
-``train.generation_mlp_4bit`` stopped with "operation failed due to a previous error during capture". This
-probe takes the kernels apart at the R1-Distill-Qwen-1.5B MLP's shapes (random nf4 weights, bitsandbytes'
-own quantiser): for each dtype, rows (16 and 64) and Triton's ``num_stages`` / ``num_warps``:
-- an eager call against bitsandbytes' de-quantisation and ``F.linear`` (the error, with its traceback);
+Writes $OUT/matmul_4bit_probe_LABEL.json (default bench/results/). For each row count (the decoder's sequences
+a step), at the launcher's own choice (``LAUNCHES``):
+- an eager call against bitsandbytes' de-quantisation and ``F.linear`` (an error is kept with its traceback:
+  the seventh session's capture failure was found so);
 - the same call warmed up on a side stream and captured as a CUDA graph, as the static decoder does, replayed
-  and compared;
-- the replay's time (the MLP of one layer at one decode step: gate/up fused, then down with split K);
-then a sweep of each kernel alone over tile widths, warps and the down projection's split target, with the
-dense copy's matmuls by part beside it (issue 18, tenth session: is the kernel short of programs an SM?).
+  and compared, and its replay time (one layer's MLP at one decode step: gate/up fused, then down with split
+  K), each kernel alone too, and the dense copy's MLP by part;
+then, unless ``--no-sweep``, each kernel alone over other launches (``sweep_launches``), and the fastest for
+each part and row count (``bench/decode_speed.py --launches`` decodes with them).
 """
 from __future__ import annotations
 
