@@ -15,10 +15,12 @@ it first (``PYTHONPATH=/tmp/t36:. python bench/smem_fit.py``).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 from pathlib import Path
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -81,12 +83,12 @@ def kernels() -> list[tuple[str, dict, tuple]]:
     3 stages."""
     found = []
     for dtype in ("bfloat16", "float32"):
-        for (swiglu, few_rows), launch in matmul_4bit.LAUNCHES.items():
-            warps = max(8, launch.warps) if dtype == "float32" else launch.warps  # as matmul_4bit._run
+        for swiglu, rows in itertools.product((True, False), (16, 64)):
+            launch = matmul_4bit.launch_for(getattr(torch, dtype), swiglu, rows)
             for block_n, stages in matmul_4bit.launch_options(launch.block_n):
-                found.append((f"{'swiglu' if swiglu else 'matmul'}_4bit {dtype} {16 if few_rows else 64} rows "
-                              f"BLOCK_N={block_n} warps={warps}", {"num_stages": stages, "num_warps": warps},
-                              matmul_4bit_launch(dtype, swiglu, block_n, 16 if few_rows else 64)))
+                found.append((f"{'swiglu' if swiglu else 'matmul'}_4bit {dtype} {rows} rows BLOCK_N={block_n} "
+                              f"warps={launch.warps}", {"num_stages": stages, "num_warps": launch.warps},
+                              matmul_4bit_launch(dtype, swiglu, block_n, rows)))
         for block, stages in decode_attention.launch_options():
             found.append((f"decode_attention {dtype} BLOCK={block}", {"num_stages": stages},
                           _decode_attention(dtype, block)))

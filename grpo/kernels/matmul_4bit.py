@@ -64,6 +64,15 @@ LAUNCHES: dict[tuple[bool, bool], Launch] = {(True, True): Launch(block_n=16, ma
                                              (True, False): Launch(),
                                              (False, True): Launch(min_programs=264),
                                              (False, False): Launch(min_programs=264)}
+# fp32 (exact IEEE products: the tests' tiny models, never a speed path) keeps the launch its GPU tests passed
+# at; at 4 warps its products spilled registers
+FP32_LAUNCH = Launch(warps=8)
+
+
+def launch_for(dtype: torch.dtype, swiglu: bool, rows: int) -> Launch:
+    """How a call of ``rows`` rows in ``dtype`` is cut (one source for the launcher, bench/smem_fit.py and
+    tests/kernels/test_compile.py)."""
+    return FP32_LAUNCH if dtype == torch.float32 else LAUNCHES[(swiglu, rows <= 16)]
 
 
 @dataclass(frozen=True)
@@ -206,9 +215,9 @@ def launch_options(block_n: int) -> list[tuple[int, int]]:
 
 
 def _launch(x: Tensor, w: Weight4bit, up: Weight4bit | None) -> Tensor:
-    """The kernel at ``LAUNCHES``' cut and the first of its ``launch_options`` that loads on this GPU
+    """The kernel at ``launch_for``'s cut and the first of its ``launch_options`` that loads on this GPU
     (remembered)."""
-    launch = LAUNCHES[(up is not None, x.shape[0] <= 16)]
+    launch = launch_for(x.dtype, up is not None, x.shape[0])
     block_m = max(16, triton.next_power_of_2(min(x.shape[0], launch.max_block_m)))
     key = ("matmul_4bit", x.device, x.dtype, up is not None, block_m, launch, w.blocksize)
     return first_that_loads(key, launch_options(launch.block_n),
@@ -233,7 +242,7 @@ def _run(x: Tensor, w: Weight4bit, up: Weight4bit | None, block_m: int, launch: 
         # fp32 gets exact (not TF32) products; so does everything under the interpreter, whose bf16 tl.dot
         # is wrong (numpy has no bf16)
         DOT_IEEE=x.dtype == torch.float32 or _interpreting(), ASM=not _interpreting(), num_stages=stages,
-        num_warps=max(8, launch.warps) if x.dtype == torch.float32 else launch.warps)  # fp32 spilled at 4
+        num_warps=launch.warps)
     return out if split == 1 else out.sum(0).to(x.dtype)
 
 

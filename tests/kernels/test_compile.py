@@ -1,5 +1,5 @@
 """The 4-bit kernels compile for real GPUs on this CPU (Triton's own ptxas, no GPU needed), and each launch
-of ``matmul_4bit.LAUNCHES`` has an option that fits the card's shared memory.
+``matmul_4bit.launch_for`` makes has an option that fits the card's shared memory.
 
 Why here: the kernels' code-book look-up is inline PTX (``matmul_4bit._SHUFFLE_LOOKUP``) that only a GPU runs;
 Triton's interpreter, which the other kernel tests use on a CPU, takes ``tl.gather`` instead. A PTX error
@@ -9,7 +9,10 @@ RTX 3060 Ti (sm_86: mma, 99 KiB of shared memory a block), with the launcher's a
 """
 from __future__ import annotations
 
+import itertools
+
 import pytest
+import torch
 
 triton = pytest.importorskip("triton", reason="triton is not installed")
 pytest.importorskip("triton.backends.nvidia", reason="this triton has no CUDA backend to compile for")
@@ -23,13 +26,13 @@ def test_each_4bit_launch_compiles_and_an_option_fits(arch, dtype):
     from grpo.kernels import matmul_4bit
 
     limit = next(lim for cc, lim in CARDS.values() if cc == arch)
-    for (swiglu, few_rows), launch in matmul_4bit.LAUNCHES.items():
-        warps = max(8, launch.warps) if dtype == "float32" else launch.warps  # as matmul_4bit._run
+    for swiglu, rows in itertools.product((True, False), (16, 64)):
+        launch = matmul_4bit.launch_for(getattr(torch, dtype), swiglu, rows)
         fitting = None
         for block_n, stages in matmul_4bit.launch_options(launch.block_n):  # the launcher's order
-            src = source(*matmul_4bit_launch(dtype, swiglu, block_n, 16 if few_rows else 64))
+            src = source(*matmul_4bit_launch(dtype, swiglu, block_n, rows))
             compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                      options={"num_stages": stages, "num_warps": warps})
+                                      options={"num_stages": stages, "num_warps": launch.warps})
             assert "shfl.sync.idx.b32" in compiled.asm["ptx"]  # the look-up, not tl.gather's fallback
             if compiled.metadata.shared <= limit:
                 fitting = (block_n, stages)
