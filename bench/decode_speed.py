@@ -85,22 +85,12 @@ def main() -> None:
     args = parser.parse_args()
     from grpo.rollout.static_decode import StaticDecoder
 
-    if args.launches:
-        from bench.matmul_4bit_probe import cut
-        from grpo.kernels import matmul_4bit
-
-        best = json.loads(args.launches.read_text())["best"]
-        for (swiglu, few_rows) in matmul_4bit.LAUNCHES:
-            name = f"{'swiglu' if swiglu else 'down'}{16 if few_rows else 64}"
-            if name in best:
-                matmul_4bit.LAUNCHES[(swiglu, few_rows)] = cut(best[name])
-
     res: dict = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "label": args.label,
                  "tree": os.environ.get("GRPO_TREE", "this")}
     if args.launches:
-        from grpo.kernels import matmul_4bit
+        from bench.matmul_4bit_probe import install_best
 
-        res["launches"] = {str(key): str(launch) for key, launch in matmul_4bit.LAUNCHES.items()}
+        res["launches"] = install_best(args.launches)
     policy = add_lora(load_base("nf4"))
     decoder = StaticDecoder(policy, merge_lora=True, **({"read_4bit_mlp": True} if args.read_4bit_mlp else {}))
     res["fused_attention"] = getattr(decoder, "fused", False)

@@ -178,6 +178,17 @@ def cut(launch: dict):
     return dataclasses.replace(mk.Launch(), **{names[k]: v for k, v in launch.items() if k in names})
 
 
+def install_best(path: Path) -> dict:
+    """The fastest launches a probe file found ("best") made the module's ``LAUNCHES``, by the sweep's names
+    ("swiglu16", "down64", ...); returns the cuts now in force."""
+    best = json.loads(path.read_text())["best"]
+    for swiglu, few_rows in mk.LAUNCHES:
+        name = f"{'swiglu' if swiglu else 'down'}{16 if few_rows else 64}"
+        if name in best:
+            mk.LAUNCHES[(swiglu, few_rows)] = cut(best[name])
+    return {str(key): str(launch) for key, launch in mk.LAUNCHES.items()}
+
+
 def compiled_kernels() -> list[dict]:
     """What Triton built for each launch: registers, spills, shared memory, warps, stages."""
     found = []

@@ -18,11 +18,13 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.smem_fit import matmul_4bit_launch, source  # noqa: E402
+from grpo.kernels import matmul_4bit  # noqa: E402
 
 WATCHED = (r"(ld\.global|st\.global|cp\.async\.c[ag]|ld\.shared|st\.shared|ldmatrix|stmatrix|shfl|bar\.sync"
            r"|wgmma\.mma_async|mma\.sync)")
@@ -40,12 +42,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", choices=["swiglu", "matmul"], default="swiglu")
     parser.add_argument("--rows", type=int, default=64, help="rows of x (the decoder's sequences), 16 to 64")
-    parser.add_argument("--warps", type=int, default=8)
+    parser.add_argument("--warps", type=int, default=None, help="default: the launcher's (launch_for)")
     parser.add_argument("--stages", type=int, default=3)
-    parser.add_argument("--block-n", type=int, default=64, help="weight rows a program computes")
+    parser.add_argument("--block-n", type=int, default=None,
+                        help="weight rows a program computes; default: the launcher's (launch_for)")
     args = parser.parse_args()
-    fn, signature, constants = matmul_4bit_launch("bfloat16", args.kernel == "swiglu", args.block_n)
-    constants["BLOCK_M"] = args.rows
+    launch = matmul_4bit.launch_for(torch.bfloat16, args.kernel == "swiglu", args.rows)
+    args.warps, args.block_n = args.warps or launch.warps, args.block_n or launch.block_n
+    fn, signature, constants = matmul_4bit_launch("bfloat16", args.kernel == "swiglu", args.block_n, args.rows)
     compiled = triton.compile(source(fn, signature, constants), target=GPUTarget("cuda", 90, 32),
                               options={"num_stages": args.stages, "num_warps": args.warps})
     body = loop_body(compiled.asm["ptx"])

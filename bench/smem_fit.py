@@ -77,18 +77,29 @@ def source(fn, signature: dict, constants: dict) -> ASTSource:
     return ASTSource(fn, {**signature, **{k: "constexpr" for k in constants}}, constexprs=constants, attrs=aligned)
 
 
+def matmul_4bit_options(dtype: str) -> list[tuple[str, list[tuple[dict, tuple]]]]:
+    """For each cut the 4-bit launcher makes in ``dtype`` (``matmul_4bit.launch_for``, at 16 and 64 rows): its
+    name and, in the launcher's order (``launch_options``), each option's Triton options and (kernel,
+    signature, constexprs). Also tests/kernels/test_compile.py."""
+    found = []
+    for swiglu, rows in itertools.product((True, False), (16, 64)):
+        launch = matmul_4bit.launch_for(getattr(torch, dtype), swiglu, rows)
+        found.append((f"{'swiglu' if swiglu else 'matmul'}_4bit {dtype} {rows} rows warps={launch.warps}",
+                      [({"num_stages": stages, "num_warps": launch.warps},
+                        matmul_4bit_launch(dtype, swiglu, block_n, rows))
+                       for block_n, stages in matmul_4bit.launch_options(launch.block_n)]))
+    return found
+
+
 def kernels() -> list[tuple[str, dict, tuple]]:
     """(name, launch options, (kernel, signature, constexprs)) for every launch the kernels' launchers make:
     the 4-bit and attention ones at each of their ``launch_options``, the log-prob ones at Triton's default of
     3 stages."""
     found = []
     for dtype in ("bfloat16", "float32"):
-        for swiglu, rows in itertools.product((True, False), (16, 64)):
-            launch = matmul_4bit.launch_for(getattr(torch, dtype), swiglu, rows)
-            for block_n, stages in matmul_4bit.launch_options(launch.block_n):
-                found.append((f"{'swiglu' if swiglu else 'matmul'}_4bit {dtype} {rows} rows BLOCK_N={block_n} "
-                              f"warps={launch.warps}", {"num_stages": stages, "num_warps": launch.warps},
-                              matmul_4bit_launch(dtype, swiglu, block_n, rows)))
+        for name, options in matmul_4bit_options(dtype):
+            found += [(f"{name} BLOCK_N={kernel[2]['BLOCK_N']}", triton_options, kernel)
+                      for triton_options, kernel in options]
         for block, stages in decode_attention.launch_options():
             found.append((f"decode_attention {dtype} BLOCK={block}", {"num_stages": stages},
                           _decode_attention(dtype, block)))

@@ -9,10 +9,7 @@ RTX 3060 Ti (sm_86: mma, 99 KiB of shared memory a block), with the launcher's a
 """
 from __future__ import annotations
 
-import itertools
-
 import pytest
-import torch
 
 triton = pytest.importorskip("triton", reason="triton is not installed")
 pytest.importorskip("triton.backends.nvidia", reason="this triton has no CUDA backend to compile for")
@@ -22,19 +19,15 @@ pytest.importorskip("triton.backends.nvidia", reason="this triton has no CUDA ba
 def test_each_4bit_launch_compiles_and_an_option_fits(arch, dtype):
     from triton.backends.compiler import GPUTarget
 
-    from bench.smem_fit import CARDS, matmul_4bit_launch, source
-    from grpo.kernels import matmul_4bit
+    from bench.smem_fit import CARDS, matmul_4bit_options, source
 
     limit = next(lim for cc, lim in CARDS.values() if cc == arch)
-    for swiglu, rows in itertools.product((True, False), (16, 64)):
-        launch = matmul_4bit.launch_for(getattr(torch, dtype), swiglu, rows)
+    for name, options in matmul_4bit_options(dtype):
         fitting = None
-        for block_n, stages in matmul_4bit.launch_options(launch.block_n):  # the launcher's order
-            src = source(*matmul_4bit_launch(dtype, swiglu, block_n, rows))
-            compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                                      options={"num_stages": stages, "num_warps": launch.warps})
+        for triton_options, kernel in options:  # the launcher's order
+            compiled = triton.compile(source(*kernel), target=GPUTarget("cuda", arch, 32), options=triton_options)
             assert "shfl.sync.idx.b32" in compiled.asm["ptx"]  # the look-up, not tl.gather's fallback
             if compiled.metadata.shared <= limit:
-                fitting = (block_n, stages)
+                fitting = triton_options
                 break
-        assert fitting is not None, f"no launch option of {launch} fits sm_{arch}'s {limit} bytes ({dtype})"
+        assert fitting is not None, f"no launch option of {name} fits sm_{arch}'s {limit} bytes"
