@@ -181,7 +181,9 @@ def cut(launch: dict):
 def install_best(path: Path) -> dict:
     """The fastest launches a probe file found ("best") made the module's ``LAUNCHES``, by the sweep's names
     ("swiglu16", "down64", ...); returns the cuts now in force."""
-    best = json.loads(path.read_text())["best"]
+    best = json.loads(path.read_text()).get("best")
+    if not best:
+        raise SystemExit(f"{path}: no 'best' launches (a probe file written with its sweep has them)")
     for swiglu, few_rows in mk.LAUNCHES:
         name = f"{'swiglu' if swiglu else 'down'}{16 if few_rows else 64}"
         if name in best:
