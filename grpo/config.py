@@ -205,7 +205,7 @@ class TrainParams:
     generation_merge_lora: bool = True
     # the static decoder reads a 4-bit MLP in 4 bits with Triton kernels (grpo/kernels/matmul_4bit.py) instead of
     # de-quantising it into a dense copy: the copy's memory stays free (2.2 GiB at 1.5B), but a decode step is
-    # as fast at 16 sequences and 1.2x slower at 64 on an H100 (bench/RESULTS.md), so grpo.tune tries it only
+    # 2% faster at 16 sequences and 1.18x slower at 64 on an H100 (bench/RESULTS.md), so grpo.tune tries it only
     # where the copy does not fit
     generation_mlp_4bit: bool = False
     train_batch_size: int = _check(positive, default=8)  # sequences per training micro-batch

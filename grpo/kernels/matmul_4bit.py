@@ -12,13 +12,19 @@ Two kernels, each one launch a layer: ``swiglu_4bit`` computes silu(x Wg^T) * (x
 weights in one pass over x (the gate and up outputs never reach memory), and ``matmul_4bit`` computes
 x W^T, split along K into partial sums when N alone gives too few programs to fill the GPU (the down
 projection: N = 1536 for K = 8960), the partials summed in a fixed order (deterministic). Each program
-reads a [BLOCK_N, BLOCK_K / 2] tile of bytes, de-quantises its high and low nibbles as bitsandbytes does
-(code[nibble] * its block's absmax, in fp32, rounded to the compute dtype), interleaves them back into the
-[BLOCK_N, BLOCK_K] weight tile, and multiplies it on tensor cores with x's [BLOCK_K, rows] tile (fp32
-accumulation), so the products are the dense copy's to the summation order. On a GPU the code book is looked
-up by a warp shuffle written in inline PTX (``_SHUFFLE_LOOKUP``), elementwise in the tensor cores' own layout;
-Triton's interpreter cannot run PTX and looks the same values up with ``tl.gather``. How each call is cut into
-programs (``LAUNCHES``) was measured by bench/matmul_4bit_probe.py's sweep.
+reads a [BLOCK_N, BLOCK_K / 2] tile of bytes and looks the codes of their high and low nibbles up as two
+[BLOCK_N, BLOCK_K / 2] tiles in the compute dtype; the high nibbles hold the even columns of W, the low ones
+the odd, so they multiply x's even and odd columns (x's tile split in registers) on tensor cores, fp32
+accumulation, and the tile's sum is scaled by its rows' absmax in fp32 (BLOCK_K never crosses an absmax block).
+So a weight is bf16(code) * absmax where bitsandbytes' de-quantised copy has bf16(code * absmax): a rounding
+as fine, at another point (a bf16 code is off by at most 2^-9 of itself, as is the rounded product). Why
+not the copy's own products: scaling each weight needs its row's absmax in the look-up, and Triton only
+builds the look-up's result in the tensor cores' register layout (no trip through shared memory; PTX,
+sm_90, RESULTS eleventh session) when the look-up is a one-operand elementwise op on the loaded bytes. On a
+GPU the code book is looked up by a warp shuffle written in inline PTX (``code_lookup``), the book itself
+written into the instructions; Triton's interpreter cannot run PTX, and fp32 (the tests' exact path) looks the
+same values up with ``tl.gather``. How each call is cut into programs (``LAUNCHES``) was measured by
+bench/matmul_4bit_probe.py's sweep.
 
 Layout (bitsandbytes ``quantize_4bit``): the weight [N, K] flattened row-major, two codes a byte, the
 first in the high nibble; one absmax per ``blocksize`` consecutive values of a row (K must be a multiple of
@@ -27,11 +33,13 @@ fp32 absmax per block.
 
 The reference is bitsandbytes' ``dequantize_4bit`` followed by ``F.linear`` (what the decoder's dense
 copy computes); tests/kernels/test_matmul_4bit.py compares the two under Triton's interpreter on a CPU (the
-algorithm) and on a GPU (the shuffle).
+algorithm) and on a GPU (the shuffle), exactly in fp32 and to bf16's rounding in bf16.
 """
 from __future__ import annotations
 
+import struct
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
@@ -82,6 +90,7 @@ class Weight4bit:
     packed: Tensor  # uint8 [N * K / 2]
     absmax: Tensor  # fp32, one a block
     code: Tensor  # fp32 [16]: the code book (NF4's quantiles, or FP4's values)
+    code_values: tuple[float, ...]  # the same, read once here: the look-up's PTX is written from them
     quant_type: str  # the code book's name: "nf4" or "fp4"
     out_features: int
     in_features: int
@@ -100,8 +109,10 @@ class Weight4bit:
         absmax = state.absmax
         if state.nested:  # double quantisation: 8-bit absmax codes, their own absmax, an offset
             absmax = bnbf.dequantize_blockwise(state.absmax, state.state2) + state.offset
-        return cls(module.weight.data.view(-1), absmax.float().contiguous(), state.code.float().to(absmax.device),
-                   state.quant_type, module.out_features, module.in_features, state.blocksize, module)
+        code = state.code.float()
+        return cls(module.weight.data.view(-1), absmax.float().contiguous(), code.to(absmax.device),
+                   tuple(code.tolist()), state.quant_type, module.out_features, module.in_features, state.blocksize,
+                   module)
 
     def dense(self, dtype: torch.dtype) -> Tensor:
         """A new de-quantised copy [N, K] (bitsandbytes' own kernel): a prompt's pass over many tokens is a
@@ -109,63 +120,63 @@ class Weight4bit:
         return dequantized(self.source).to(dtype)
 
 
+@lru_cache(maxsize=None)
+def code_lookup(code: tuple[float, ...], dtype: torch.dtype, low: bool) -> str:
+    """Inline PTX that looks the codes of two bytes' low (or high) nibbles up: a 16-bit pair of bytes in, their
+    two codes out as one packed pair of ``dtype`` (bf16 or fp16). Each lane holds code[lane % 16] (a select
+    tree over the book's values, written in as immediates: an operand for the book would make the op binary,
+    and Triton keeps only one-operand ops in the tensor cores' layout), and a shuffle from lane ``nibble`` is
+    the look-up. shfl reads bits 4:0 of the lane index, and lanes 16-31 repeat 0-15, so a nibble needs only
+    a shift, no mask. Why a shuffle: tl.gather's shuffles carried the tile through shared memory (PTX, sm_90;
+    RESULTS, tenth session), and a table in memory was 2x slower (eighth and tenth sessions)."""
+    level = ["0f%08X" % struct.unpack("<I", struct.pack("<f", value))[0] for value in code]
+    tree = []
+    for bit in range(4):  # halve the candidates on each bit of the lane
+        tree += [f"and.b32 q, l, {1 << bit};", "setp.ne.u32 p, q, 0;"]
+        tree += [f"selp.b32 s{bit}_{i}, {level[2 * i + 1]}, {level[2 * i]}, p;" for i in range(len(level) // 2)]
+        level = [f"s{bit}_{i}" for i in range(len(level) // 2)]
+    names = ", ".join(f"s{bit}_{i}" for bit in range(4) for i in range(8 >> bit))
+    first, second = (0, 8) if low else (4, 12)
+    cvt = {torch.bfloat16: "cvt.rn.bf16x2.f32", torch.float16: "cvt.rn.f16x2.f32"}[dtype]
+    lines = ["mov.u32 l, %laneid;", *tree, "cvt.u32.u16 b, $1;", f"shr.b32 n0, b, {first};",
+             f"shr.b32 n1, b, {second};", f"shfl.sync.idx.b32 v0, {level[0]}, n0, 31, -1;",
+             f"shfl.sync.idx.b32 v1, {level[0]}, n1, 31, -1;", f"{cvt} $0, v1, v0;"]
+    body = "\n".join(lines)
+    return f"{{\n.reg .b32 l, q, b, n0, n1, v0, v1, {names};\n.reg .pred p;\n{body}\n}}"
+
+
 if triton is not None:
 
-    # The code book's look-up as one shuffle a weight, written out because tl.gather's shuffles force the tile
-    # through shared memory into the tensor cores' layout (PTX, sm_90; RESULTS, tenth session). Each lane
-    # loads code[lane % 16], so the lane a nibble names holds its code; four bytes (eight weights) a call.
-    _SHUFFLE_LOOKUP = tl.constexpr("""{
-    .reg .b32 t, l, n<8>;
-    .reg .b64 a;
-    mov.u32 l, %laneid;
-    and.b32 l, l, 15;
-    mul.wide.u32 a, l, 4;
-    add.s64 a, a, $9;
-    ld.global.nc.f32 t, [a];
-    bfe.u32 n0, $8, 4, 4;
-    bfe.u32 n1, $8, 12, 4;
-    bfe.u32 n2, $8, 20, 4;
-    bfe.u32 n3, $8, 28, 4;
-    bfe.u32 n4, $8, 0, 4;
-    bfe.u32 n5, $8, 8, 4;
-    bfe.u32 n6, $8, 16, 4;
-    bfe.u32 n7, $8, 24, 4;
-    shfl.sync.idx.b32 $0, t, n0, 31, -1;
-    shfl.sync.idx.b32 $1, t, n1, 31, -1;
-    shfl.sync.idx.b32 $2, t, n2, 31, -1;
-    shfl.sync.idx.b32 $3, t, n3, 31, -1;
-    shfl.sync.idx.b32 $4, t, n4, 31, -1;
-    shfl.sync.idx.b32 $5, t, n5, 31, -1;
-    shfl.sync.idx.b32 $6, t, n6, 31, -1;
-    shfl.sync.idx.b32 $7, t, n7, 31, -1;
-    }""")
-
     @triton.jit
-    def _tile(w_ptr, absmax_ptr, code_ptr, n, kb, N, K, BLOCKSIZE: tl.constexpr, BLOCK_K: tl.constexpr, dtype,
-              ASM: tl.constexpr):
-        """Rows ``n`` of W at this K block, de-quantised as bitsandbytes does (code * absmax in fp32, rounded to
-        ``dtype``): [BLOCK_N, BLOCK_K]. A byte holds columns 2j (high nibble) and 2j + 1 (low); the two halves
-        are interleaved back by ``join`` + ``reshape``, which puts them where the tensor cores' register operand
-        wants them (consecutive K pairs). A tile row has one absmax (BLOCK_K divides the block size). ``ASM``:
-        the look-up by ``_SHUFFLE_LOOKUP``; else (Triton's interpreter) ``tl.gather`` from the code book in
-        registers. Gathering from memory instead was slower (RESULTS, eighth and tenth sessions)."""
+    def _codes(w_ptr, code_ptr, n, kb, N, K, BLOCK_K: tl.constexpr, dtype: tl.constexpr, HIGH: tl.constexpr, LOW: tl.constexpr):
+        """Rows ``n`` of W at this K block as codes in ``dtype``: the high nibbles' (W's even columns) and the low
+        nibbles' (odd), each [BLOCK_N, BLOCK_K / 2]. ``HIGH``/``LOW``: ``code_lookup``'s PTX, or "" for
+        ``tl.gather`` from the code book (Triton's interpreter; fp32)."""
         j = kb * (BLOCK_K // 2) + tl.arange(0, BLOCK_K // 2)  # the tile's byte columns; K is a multiple of BLOCK_K
         byte = tl.load(w_ptr + n[:, None].to(tl.int64) * (K // 2) + j[None, :], mask=n[:, None] < N, other=0)
-        scale = tl.load(absmax_ptr + n.to(tl.int64) * (K // BLOCKSIZE) + (kb * BLOCK_K) // BLOCKSIZE, mask=n < N,
-                        other=0.0)[:, None]
-        if ASM:
-            table = tl.zeros_like(byte).to(tl.int64) + code_ptr.to(tl.int64)
-            even, odd = tl.inline_asm_elementwise(_SHUFFLE_LOOKUP, "=r,=r,=r,=r,=r,=r,=r,=r,r,l,l,l,l", [byte, table],
-                                                  dtype=(tl.float32, tl.float32), is_pure=True, pack=4)
-        else:
+        if HIGH == "":
             codes = tl.broadcast_to(tl.load(code_ptr + tl.arange(0, 16))[None, :], (n.shape[0], 16))
-            even = tl.gather(codes, byte.to(tl.int32) >> 4, axis=1)
-            odd = tl.gather(codes, byte.to(tl.int32) & 0xF, axis=1)
-        return tl.reshape(tl.join((even * scale).to(dtype), (odd * scale).to(dtype)), (n.shape[0], BLOCK_K))
+            high = tl.gather(codes, byte.to(tl.int32) >> 4, axis=1).to(dtype)
+            low = tl.gather(codes, byte.to(tl.int32) & 0xF, axis=1).to(dtype)
+        else:
+            high = tl.inline_asm_elementwise(HIGH, "=r,h", [byte], dtype=dtype.value, is_pure=True, pack=2)
+            low = tl.inline_asm_elementwise(LOW, "=r,h", [byte], dtype=dtype.value, is_pure=True, pack=2)
+        return high, low
+
+    @triton.jit
+    def _block(w_ptr, absmax_ptr, code_ptr, n, kb, N, K, x_even, x_odd, acc, BLOCKSIZE: tl.constexpr,
+               BLOCK_K: tl.constexpr, dtype: tl.constexpr, HIGH: tl.constexpr, LOW: tl.constexpr,
+               IEEE: tl.constexpr):
+        """acc + (rows ``n`` of W at K block ``kb``) @ x's tile, the tile's codes multiplied first and its sum
+        scaled by the rows' absmax after (fp32)."""
+        high, low = _codes(w_ptr, code_ptr, n, kb, N, K, BLOCK_K, dtype, HIGH, LOW)
+        scale = tl.load(absmax_ptr + n.to(tl.int64) * (K // BLOCKSIZE) + (kb * BLOCK_K) // BLOCKSIZE, mask=n < N,
+                        other=0.0)
+        return acc + _dot(low, x_odd, _dot(high, x_even, None, IEEE), IEEE) * scale[:, None]
 
     @triton.jit
     def _dot(w, x_t, acc, IEEE: tl.constexpr):
-        """acc + w [BLOCK_N, k] @ x_t [k, BLOCK_M], accumulated in fp32 in place."""
+        """acc + w [BLOCK_N, k] @ x_t [k, BLOCK_M] in fp32 (acc None: a new sum)."""
         if IEEE:
             return tl.dot(w.to(tl.float32), x_t.to(tl.float32), acc, input_precision="ieee")
         return tl.dot(w, x_t, acc)
@@ -174,7 +185,8 @@ if triton is not None:
     def _matmul_4bit_kernel(x_ptr, stride_xm, out_ptr, stride_om, stride_split, M, N, K,
                             w_ptr, absmax_ptr, up_ptr, up_absmax_ptr, code_ptr, k_blocks_per_split,
                             BLOCKSIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, DOT_IEEE: tl.constexpr, ASM: tl.constexpr):
+                            BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, DOT_IEEE: tl.constexpr,
+                            HIGH: tl.constexpr, LOW: tl.constexpr):
         # computes out^T = W x^T, so the de-quantised weights are the tensor cores' left operand, which can stay
         # in registers; as the right one (x W^T) every tile went through shared memory value by value (RESULTS)
         pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -187,11 +199,13 @@ if triton is not None:
         for kb in range(first, tl.minimum(first + k_blocks_per_split, K // BLOCK_K)):
             k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
             x_t = tl.load(x_ptr + m[None, :].to(tl.int64) * stride_xm + k[:, None], mask=m[None, :] < M, other=0.0)
-            acc = _dot(_tile(w_ptr, absmax_ptr, code_ptr, n, kb, N, K, BLOCKSIZE, BLOCK_K, dtype, ASM), x_t, acc,
-                       DOT_IEEE)
+            # x's even and odd columns, for the high and low nibbles' codes (a thread holds both of a pair)
+            x_even, x_odd = tl.split(tl.permute(tl.reshape(x_t, (BLOCK_K // 2, 2, BLOCK_M)), (0, 2, 1)))
+            acc = _block(w_ptr, absmax_ptr, code_ptr, n, kb, N, K, x_even, x_odd, acc, BLOCKSIZE, BLOCK_K, dtype,
+                         HIGH, LOW, DOT_IEEE)
             if SWIGLU:
-                acc_up = _dot(_tile(up_ptr, up_absmax_ptr, code_ptr, n, kb, N, K, BLOCKSIZE, BLOCK_K, dtype, ASM),
-                              x_t, acc_up, DOT_IEEE)
+                acc_up = _block(up_ptr, up_absmax_ptr, code_ptr, n, kb, N, K, x_even, x_odd, acc_up, BLOCKSIZE,
+                                BLOCK_K, dtype, HIGH, LOW, DOT_IEEE)
         out = out_ptr + pid_k * stride_split + m[None, :].to(tl.int64) * stride_om + n[:, None]
         if SWIGLU:  # F.silu(gate) * up on the compute dtype's values, as the dense decoder rounds them
             gate = acc.to(dtype).to(tl.float32)
@@ -241,9 +255,16 @@ def _run(x: Tensor, w: Weight4bit, up: Weight4bit | None, block_m: int, launch: 
         BLOCKSIZE=w.blocksize, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k(w.blocksize), SWIGLU=up is not None,
         # fp32 gets exact (not TF32) products; so does everything under the interpreter, whose bf16 tl.dot
         # is wrong (numpy has no bf16)
-        DOT_IEEE=x.dtype == torch.float32 or _interpreting(), ASM=not _interpreting(), num_stages=stages,
+        DOT_IEEE=x.dtype == torch.float32 or _interpreting(), **lookups(w, x.dtype), num_stages=stages,
         num_warps=launch.warps)
     return out if split == 1 else out.sum(0).to(x.dtype)
+
+
+def lookups(w: Weight4bit, dtype: torch.dtype) -> dict[str, str]:
+    """The kernel's ``HIGH``/``LOW``: ``code_lookup``'s PTX on a GPU in bf16 or fp16, else "" (``tl.gather``)."""
+    if _interpreting() or dtype == torch.float32:
+        return {"HIGH": "", "LOW": ""}
+    return {"HIGH": code_lookup(w.code_values, dtype, False), "LOW": code_lookup(w.code_values, dtype, True)}
 
 
 def matmul_4bit(x: Tensor, w: Weight4bit) -> Tensor:
@@ -256,8 +277,8 @@ def swiglu_4bit(x: Tensor, gate: Weight4bit, up: Weight4bit) -> Tensor:
     """``F.silu(x @ Wg^T) * (x @ Wu^T)`` for 4-bit gate and up weights of one shape: [..., N]."""
     # the check reads Python values only: comparing the code books' tensors on a GPU waits for it, which a
     # CUDA graph capture forbids (the decoder's capture failed so on the H100, 2026-12-05)
-    if (gate.out_features, gate.in_features, gate.blocksize, gate.quant_type) \
-            != (up.out_features, up.in_features, up.blocksize, up.quant_type):
+    if (gate.out_features, gate.in_features, gate.blocksize, gate.code_values) \
+            != (up.out_features, up.in_features, up.blocksize, up.code_values):
         raise ValueError("swiglu_4bit: gate and up must share their shape, block size and code book")
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     return _launch(rows, gate, up).view(*x.shape[:-1], gate.out_features)

@@ -1,9 +1,10 @@
 """The 4-bit kernels compile for real GPUs on this CPU (Triton's own ptxas, no GPU needed), and each launch
 ``matmul_4bit.launch_for`` makes has an option that fits the card's shared memory.
 
-Why here: the kernels' code-book look-up is inline PTX (``matmul_4bit._SHUFFLE_LOOKUP``) that only a GPU runs;
+Why here: the kernels' code-book look-up is inline PTX (``matmul_4bit.code_lookup``) that only a GPU runs;
 Triton's interpreter, which the other kernel tests use on a CPU, takes ``tl.gather`` instead. A PTX error
-would otherwise first show on a GPU. Compiled for an H100 (sm_90: wgmma) and for the 8 GB preset's card, an
+would otherwise first show on a GPU, and so would a change that sends the looked-up tile through shared memory
+again: on sm_90 each bf16 ``wgmma`` must take the weights from registers (what the look-up is built for). Compiled for an H100 (sm_90: wgmma) and for the 8 GB preset's card, an
 RTX 3060 Ti (sm_86: mma, 99 KiB of shared memory a block), with the launcher's alignment
 (bench/smem_fit.py, which prints every option for four cards).
 """
@@ -26,7 +27,13 @@ def test_each_4bit_launch_compiles_and_an_option_fits(arch, dtype):
         fitting = None
         for triton_options, kernel in options:  # the launcher's order
             compiled = triton.compile(source(*kernel), target=GPUTarget("cuda", arch, 32), options=triton_options)
-            assert "shfl.sync.idx.b32" in compiled.asm["ptx"]  # the look-up, not tl.gather's fallback
+            ptx = compiled.asm["ptx"]
+            # the look-up's PTX in bf16 (its code book written into a select tree); fp32 gathers
+            assert ("selp.b32 s0_0" in ptx) == (dtype == "bfloat16"), name
+            if arch == 90 and dtype == "bfloat16" and "wgmma" in ptx:  # one warp (16 rows) takes mma.sync
+                # the looked-up weights go to wgmma as registers, not stored and read back with ldmatrix
+                # (x, the other operand, is read from shared memory by wgmma itself)
+                assert "ldmatrix" not in ptx, name
             if compiled.metadata.shared <= limit:
                 fitting = triton_options
                 break
