@@ -148,16 +148,19 @@ def sweep_part(dtype: torch.dtype, rows: int, part: str, launch: dict, weights, 
 
 
 def sweep_launches(part: str, rows: int) -> list[dict]:
-    """Launches around the launcher's choice that put more warps on each SM: Nsight Compute found the fused
-    gate/up kernel at 1.1 active warps a scheduler (140 programs of 4 warps, one an SM) and 26% issue, the
-    down projection at 2 (tenth session). Narrower weight tiles, x's rows split over programs (each program
-    de-quantises its tile again, from L2), and more K splits for down."""
-    if part == "swiglu":
-        shapes = [(64, 4, 64), (64, 4, 32), (64, 4, 16), (32, 4, 32), (32, 4, 16), (32, 2, 16), (16, 2, 16),
-                  (128, 8, 32)] if rows > 16 else [(64, 4, 16), (32, 4, 16), (32, 2, 16), (16, 2, 16), (16, 1, 16)]
-        return [{"block_n": bn, "num_warps": w, "block_m": bm} for bn, w, bm in shapes]
-    shapes = [(64, 4, 64, 264), (64, 4, 32, 264), (64, 4, 16, 528), (32, 4, 64, 528), (32, 2, 32, 528)] if rows > 16 \
-        else [(64, 4, 16, 264), (64, 4, 16, 528), (32, 4, 16, 528), (32, 2, 16, 528), (16, 2, 16, 1056)]
+    """Launches around the launcher's choice that put more warps on each SM: Nsight Compute found both kernels
+    at one or two active warps a scheduler, each issuing every ~4 cycles (tenth and eleventh sessions). K split
+    into more ranges (fp32 partials, then a kernel that adds them and, for gate/up, applies SwiGLU), narrower
+    weight tiles, x's rows split over programs (each program de-quantises its tile again)."""
+    if part == "swiglu":  # (weight rows, warps, x rows, programs wanted): 140 / 560 tiles at 64 / 16 rows
+        shapes = [(64, 4, 64, 1), (64, 4, 64, 280), (64, 4, 64, 420), (64, 4, 64, 560), (64, 4, 64, 1120),
+                  (64, 4, 32, 560), (128, 8, 64, 560)] if rows > 16 else \
+            [(16, 1, 16, 1), (16, 1, 16, 1120), (16, 1, 16, 2240), (32, 2, 16, 560), (32, 2, 16, 1120),
+             (64, 4, 16, 560)]
+    else:  # 24 tiles of 64 rows
+        shapes = [(64, 4, 64, 264), (64, 4, 64, 528), (64, 4, 64, 1056), (32, 4, 64, 528), (32, 2, 64, 1056)] \
+            if rows > 16 else [(64, 4, 16, 264), (64, 4, 16, 528), (32, 2, 16, 528), (32, 2, 16, 1056),
+                               (16, 1, 16, 1056), (16, 1, 16, 2112)]
     return [{"block_n": bn, "num_warps": w, "block_m": bm, "min_programs": p} for bn, w, bm, p in shapes]
 
 

@@ -40,13 +40,13 @@ def matmul_4bit_launch(dtype: str, swiglu: bool, block_n: int, block_m: int = 64
     ``source`` (also bench/ptx_loop.py and tests/kernels/test_compile.py)."""
     t = "fp32" if dtype == "float32" else "bf16"
     signature = {"x_ptr": f"*{t}", "stride_xm": "i32", "out_ptr": f"*{t}", "stride_om": "i32",
-                 "stride_split": "i32", "M": "i32", "N": "i32", "K": "i32", "w_ptr": "*u8", "absmax_ptr": "*fp32",
+                 "stride_split": "i32", "stride_up": "i32", "M": "i32", "N": "i32", "K": "i32", "w_ptr": "*u8", "absmax_ptr": "*fp32",
                  "up_ptr": "*u8", "up_absmax_ptr": "*fp32", "code_ptr": "*fp32", "k_blocks_per_split": "i32"}
     nf4 = tuple(bitsandbytes.functional.get_4bit_type("nf4", device="cpu").tolist())
     high, low = ("", "") if dtype == "float32" else \
         (matmul_4bit.code_lookup(nf4, getattr(torch, dtype), low) for low in (False, True))
     constants = {"BLOCKSIZE": 64, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_K": matmul_4bit.block_k(64),
-                 "SWIGLU": swiglu, "DOT_IEEE": dtype == "float32", "HIGH": high, "LOW": low}
+                 "SWIGLU": swiglu, "SPLIT": True, "DOT_IEEE": dtype == "float32", "HIGH": high, "LOW": low}
     return matmul_4bit._matmul_4bit_kernel, signature, constants
 
 

@@ -34,8 +34,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from grpo.config import TrainParams
 from grpo.kernels.decode_attention import layout_supported
+from grpo.kernels.matmul_4bit import partial_bytes
 from grpo.rollout.static_decode import CACHE_BUCKET
 
 GIB = 1024**3
@@ -211,6 +214,9 @@ def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, 
     attention = arch.num_attention_heads * (2 * 4 + dt) if static_decoder else 0
     fused = layout_supported(arch.head_dim, arch.num_attention_heads // arch.num_key_value_heads)
     step = logits + (0 if fused else sequences * tokens * attention)
+    if static_decoder and four_bit_mlp:  # the 4-bit kernels' fp32 partial sums, one call's at a time
+        step += max(partial_bytes(sequences, shapes[name][1], shapes[name][0], BLOCKSIZE_4BIT, name == "gate_proj",
+                                  getattr(torch, dtype)) for name in ("gate_proj", "down_proj"))
     prefill = prefill_rows * prompt_tokens * (3 * arch.intermediate_size * dt + prompt_tokens * attention)
     prefill += prefill_copy
     return {"decoder_copy": decoder, "kv_cache": kv, "decode_step": step, "prefill": prefill}

@@ -128,7 +128,8 @@ def test_leaner_values_are_the_ones_that_only_save_memory():
     assert leaner("train.dense_training", False, True) and not leaner("train.dense_training", True, False)
     assert not leaner("train.generation_merge_lora", False, True)  # neither way only saves memory
     assert not leaner("train.compile_layers", False, True)
-    assert leaner("train.generation_mlp_4bit", True, False) and not leaner("train.generation_mlp_4bit", False, True)
+    # faster at 16 sequences a call, slower at 64 (H100): measured either way, not only once the copy fails
+    assert not leaner("train.generation_mlp_4bit", True, False) and not leaner("train.generation_mlp_4bit", False, True)
 
 
 def test_on_a_gpu_the_search_measures_a_leaner_value_only_after_the_current_one_fails(prepared_project, monkeypatch,

@@ -8,10 +8,11 @@ nibble and an absmax a block of 64) it reads 0.65 GB, 3.5× less, and the copy's
 KV cache. cuBLAS's bf16 matmuls at this shape ran at 1.9-2.3 TB/s on an H100 (bench/RESULTS.md, "A decode
 step as ~300 kernels"), so the MLP took ~1.1 of a step's 2.7 ms.
 
-Two kernels, each one launch a layer: ``swiglu_4bit`` computes silu(x Wg^T) * (x Wu^T) from both 4-bit
-weights in one pass over x (the gate and up outputs never reach memory), and ``matmul_4bit`` computes
-x W^T, split along K into partial sums when N alone gives too few programs to fill the GPU (the down
-projection: N = 1536 for K = 8960), the partials summed in a fixed order (deterministic). Each program
+Two kernels: ``swiglu_4bit`` computes silu(x Wg^T) * (x Wu^T) from both 4-bit weights in one pass over x,
+and ``matmul_4bit`` computes x W^T. Either is split along K into fp32 partial sums when its tiles alone give too
+few programs to keep the GPU's schedulers busy (``Launch.min_programs``; a program is latency-bound, so one
+warp a scheduler issues only every ~4 cycles: Nsight Compute, RESULTS), and a second small kernel adds the
+partials in a fixed order (deterministic) and, for the fused kernel, applies SwiGLU. Each program
 reads a [BLOCK_N, BLOCK_K / 2] tile of bytes and looks the codes of their high and low nibbles up as two
 [BLOCK_N, BLOCK_K / 2] tiles in the compute dtype; the high nibbles hold the even columns of W, the low ones
 the odd, so they multiply x's even and odd columns (x's tile split in registers) on tensor cores, fp32
@@ -53,6 +54,7 @@ if triton is not None:
     import triton.language as tl
 
 MAX_BLOCK_K = 128
+SUM_BLOCK = 1024  # values a program of _sum_splits_kernel adds up
 
 
 @dataclass(frozen=True)
@@ -62,15 +64,15 @@ class Launch:
     block_n: int = 64  # weight rows a program computes
     max_block_m: int = 64  # rows of x a program computes, at most (fewer: more programs, each tile read again)
     warps: int = 4  # one warpgroup a 64-row tile: at 8 the two each de-quantised the whole tile (PTX, sm_90)
-    min_programs: int = 256  # split K until a call has this many programs (not the fused kernel: SwiGLU)
+    min_programs: int = 256  # split K until a call has this many programs (fp32 sums, then one kernel adds them)
 
 
 # by (the fused gate/up kernel?, at most 16 rows?): the fastest of bench/matmul_4bit_probe.py's sweep on an
-# H100 (RESULTS, tenth session). At 16 rows the fused kernel runs 560 one-warp programs (24.8 us against 33.9 at
-# 140 of four warps); at 64 rows more, narrower or row-split programs were all slower (each de-quantises more)
-LAUNCHES: dict[tuple[bool, bool], Launch] = {(True, True): Launch(block_n=16, max_block_m=16, warps=1),
-                                             (True, False): Launch(),
-                                             (False, True): Launch(min_programs=264),
+# H100 (RESULTS, eleventh session). Splitting K gains little (gate/up at 64 rows 35.8 -> 33.1 us in three
+# ranges, slower in two or four): more warps a scheduler, but each program's pipeline fills and drains more often
+LAUNCHES: dict[tuple[bool, bool], Launch] = {(True, True): Launch(block_n=32, max_block_m=16, warps=2, min_programs=560),
+                                             (True, False): Launch(min_programs=420),
+                                             (False, True): Launch(block_n=32, max_block_m=16, warps=2, min_programs=528),
                                              (False, False): Launch(min_programs=264)}
 # fp32 (exact IEEE products: the tests' tiny models, never a speed path) keeps the launch its GPU tests passed
 # at; at 4 warps its products spilled registers
@@ -182,11 +184,11 @@ if triton is not None:
         return tl.dot(w, x_t, acc)
 
     @triton.jit
-    def _matmul_4bit_kernel(x_ptr, stride_xm, out_ptr, stride_om, stride_split, M, N, K,
+    def _matmul_4bit_kernel(x_ptr, stride_xm, out_ptr, stride_om, stride_split, stride_up, M, N, K,
                             w_ptr, absmax_ptr, up_ptr, up_absmax_ptr, code_ptr, k_blocks_per_split,
                             BLOCKSIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                            BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, DOT_IEEE: tl.constexpr,
-                            HIGH: tl.constexpr, LOW: tl.constexpr):
+                            BLOCK_K: tl.constexpr, SWIGLU: tl.constexpr, SPLIT: tl.constexpr,
+                            DOT_IEEE: tl.constexpr, HIGH: tl.constexpr, LOW: tl.constexpr):
         # computes out^T = W x^T, so the de-quantised weights are the tensor cores' left operand, which can stay
         # in registers; as the right one (x W^T) every tile went through shared memory value by value (RESULTS)
         pid_n, pid_m, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -207,16 +209,66 @@ if triton is not None:
                 acc_up = _block(up_ptr, up_absmax_ptr, code_ptr, n, kb, N, K, x_even, x_odd, acc_up, BLOCKSIZE,
                                 BLOCK_K, dtype, HIGH, LOW, DOT_IEEE)
         out = out_ptr + pid_k * stride_split + m[None, :].to(tl.int64) * stride_om + n[:, None]
-        if SWIGLU:  # F.silu(gate) * up on the compute dtype's values, as the dense decoder rounds them
-            gate = acc.to(dtype).to(tl.float32)
-            act = (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32)
-            acc = act * acc_up.to(dtype).to(tl.float32)
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=(n[:, None] < N) & (m[None, :] < M))
+        inside = (n[:, None] < N) & (m[None, :] < M)
+        if SPLIT:  # this K range's fp32 sums (gate's, then up's at stride_up), for _sum_splits_kernel
+            tl.store(out, acc, mask=inside)
+            if SWIGLU:
+                tl.store(out + stride_up, acc_up, mask=inside)
+        else:
+            if SWIGLU:
+                acc = _swiglu(acc, acc_up, dtype)
+            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
+
+    @triton.jit
+    def _swiglu(gate, up, dtype):
+        """F.silu(gate) * up on the compute dtype's values, as the dense decoder rounds them (fp32 out)."""
+        gate = gate.to(dtype).to(tl.float32)
+        return (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)
+
+    @triton.jit
+    def _sum_splits_kernel(partial_ptr, out_ptr, total, stride_split, stride_up, splits, SWIGLU: tl.constexpr,
+                           BLOCK: tl.constexpr):
+        # the K splits' sums added in split order (deterministic), then SwiGLU where the fused kernel was split
+        at = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = at < total
+        acc = tl.zeros([BLOCK], tl.float32)
+        acc_up = tl.zeros([BLOCK], tl.float32)
+        for i in range(splits):
+            acc += tl.load(partial_ptr + i * stride_split + at, mask=inside, other=0.0)
+            if SWIGLU:
+                acc_up += tl.load(partial_ptr + i * stride_split + stride_up + at, mask=inside, other=0.0)
+        dtype = out_ptr.dtype.element_ty
+        if SWIGLU:
+            acc = _swiglu(acc, acc_up, dtype)
+        tl.store(out_ptr + at, acc.to(dtype), mask=inside)
 
 
 def block_k(blocksize: int) -> int:
     """Columns a tile covers: at most 128, and never across an absmax block, so a tile row has one absmax."""
     return min(blocksize, MAX_BLOCK_K)
+
+
+def block_m_for(rows: int, launch: Launch) -> int:
+    """Rows of x a program computes: a power of two, at least 16 (the tensor cores' smallest tile)."""
+    return max(16, 1 << (min(rows, launch.max_block_m) - 1).bit_length())
+
+
+def k_splits(rows: int, n: int, k: int, blocksize: int, block_m: int, block_n: int, launch: Launch) -> tuple[int, int]:
+    """(K ranges, K blocks each) of a call: enough ranges for ``launch.min_programs`` programs, none empty."""
+    tiles = -(-n // block_n) * -(-rows // block_m)
+    k_blocks = k // block_k(blocksize)
+    per_split = -(-k_blocks // min(k_blocks, -(-launch.min_programs // tiles)))
+    return -(-k_blocks // per_split), per_split
+
+
+def partial_bytes(rows: int, n: int, k: int, blocksize: int, swiglu: bool, dtype: torch.dtype) -> int:
+    """The fp32 partial sums one call allocates while it runs (0 unsplit), at its first launch option
+    (grpo/memory_plan.py counts them in a decode step)."""
+    if rows <= 0:
+        return 0
+    launch = launch_for(dtype, swiglu, rows)
+    split, _ = k_splits(rows, n, k, blocksize, block_m_for(rows, launch), launch.block_n, launch)
+    return 0 if split == 1 else split * (2 if swiglu else 1) * rows * n * 4
 
 
 def launch_options(block_n: int) -> list[tuple[int, int]]:
@@ -232,7 +284,7 @@ def _launch(x: Tensor, w: Weight4bit, up: Weight4bit | None) -> Tensor:
     """The kernel at ``launch_for``'s cut and the first of its ``launch_options`` that loads on this GPU
     (remembered)."""
     launch = launch_for(x.dtype, up is not None, x.shape[0])
-    block_m = max(16, triton.next_power_of_2(min(x.shape[0], launch.max_block_m)))
+    block_m = block_m_for(x.shape[0], launch)
     key = ("matmul_4bit", x.device, x.dtype, up is not None, block_m, launch, w.blocksize)
     return first_that_loads(key, launch_options(launch.block_n),
                             lambda option: _run(x, w, up, block_m, launch, *option))
@@ -241,23 +293,28 @@ def _launch(x: Tensor, w: Weight4bit, up: Weight4bit | None) -> Tensor:
 def _run(x: Tensor, w: Weight4bit, up: Weight4bit | None, block_m: int, launch: Launch, block_n: int,
          stages: int) -> Tensor:
     rows = x.shape[0]
-    tiles = triton.cdiv(w.out_features, block_n) * triton.cdiv(rows, block_m)
-    k_blocks = w.in_features // block_k(w.blocksize)
-    split = 1 if up is not None else min(k_blocks, triton.cdiv(launch.min_programs, tiles))
-    per_split = triton.cdiv(k_blocks, split)
-    split = triton.cdiv(k_blocks, per_split)
-    out = (torch.empty(rows, w.out_features, dtype=x.dtype, device=x.device) if split == 1 else
-           torch.empty(split, rows, w.out_features, dtype=torch.float32, device=x.device))
+    split, per_split = k_splits(rows, w.out_features, w.in_features, w.blocksize, block_m, block_n, launch)
+    out = torch.empty(rows, w.out_features, dtype=x.dtype, device=x.device)
+    # split: each K range's fp32 sums [split, (gate, up,) rows, N], added by _sum_splits_kernel
+    parts = 2 if up is not None else 1
+    partial = out if split == 1 else torch.empty(split, parts, rows, w.out_features, dtype=torch.float32,
+                                                   device=x.device)
     up_weight = up or w
     _matmul_4bit_kernel[(triton.cdiv(w.out_features, block_n), triton.cdiv(rows, block_m), split)](
-        x, x.stride(0), out, out.stride(-2), out.stride(0) if split > 1 else 0, rows, w.out_features, w.in_features,
+        x, x.stride(0), partial, partial.stride(-2), partial.stride(0) if split > 1 else 0,
+        partial.stride(1) if split > 1 else 0, rows, w.out_features, w.in_features,
         w.packed, w.absmax, up_weight.packed, up_weight.absmax, w.code, per_split,
         BLOCKSIZE=w.blocksize, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k(w.blocksize), SWIGLU=up is not None,
+        SPLIT=split > 1,
         # fp32 gets exact (not TF32) products; so does everything under the interpreter, whose bf16 tl.dot
         # is wrong (numpy has no bf16)
         DOT_IEEE=x.dtype == torch.float32 or _interpreting(), **lookups(w, x.dtype), num_stages=stages,
         num_warps=launch.warps)
-    return out if split == 1 else out.sum(0).to(x.dtype)
+    if split > 1:
+        _sum_splits_kernel[(triton.cdiv(out.numel(), SUM_BLOCK),)](
+            partial, out, out.numel(), partial.stride(0), partial.stride(1), split, SWIGLU=up is not None,
+            BLOCK=SUM_BLOCK)
+    return out
 
 
 def lookups(w: Weight4bit, dtype: torch.dtype) -> dict[str, str]:
