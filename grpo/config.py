@@ -205,7 +205,7 @@ class TrainParams:
     generation_merge_lora: bool = True
     # the static decoder reads a 4-bit MLP in 4 bits with Triton kernels (grpo/kernels/matmul_4bit.py) instead of
     # de-quantising it into a dense copy: the copy's memory stays free (2.2 GiB at 1.5B), and a decode step is
-    # 1.12x faster at 16 sequences, 1.16x slower at 64 on an H100 (bench/RESULTS.md); grpo.tune measures both
+    # 1.08x faster at 16 sequences, 1.17x slower at 64 on an H100 (bench/RESULTS.md); grpo.tune measures both
     generation_mlp_4bit: bool = False
     train_batch_size: int = _check(positive, default=8)  # sequences per training micro-batch
     # train through a dense copy of the frozen 4-bit base, made once a step (grpo/model/dequant.py): fewer,

@@ -209,15 +209,20 @@ if triton is not None:
                 acc_up = _block(up_ptr, up_absmax_ptr, code_ptr, n, kb, N, K, x_even, x_odd, acc_up, BLOCKSIZE,
                                 BLOCK_K, dtype, HIGH, LOW, DOT_IEEE)
         out = out_ptr + pid_k * stride_split + m[None, :].to(tl.int64) * stride_om + n[:, None]
-        inside = (n[:, None] < N) & (m[None, :] < M)
-        if SPLIT:  # this K range's fp32 sums (gate's, then up's at stride_up), for _sum_splits_kernel
+        _store_sums(out, (n[:, None] < N) & (m[None, :] < M), acc, acc_up, stride_up, dtype, SWIGLU, SPLIT)
+
+    @triton.jit
+    def _store_sums(out, inside, acc, acc_up, stride_up, dtype, SWIGLU: tl.constexpr, SPLIT: tl.constexpr):
+        """A program's sums: with ``SPLIT`` its K range's fp32 partials (gate's, then up's at ``stride_up``) for
+        ``_sum_splits_kernel``, else the result in ``out``'s dtype (SwiGLU applied)."""
+        if SPLIT:
             tl.store(out, acc, mask=inside)
             if SWIGLU:
                 tl.store(out + stride_up, acc_up, mask=inside)
         else:
             if SWIGLU:
                 acc = _swiglu(acc, acc_up, dtype)
-            tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=inside)
+            tl.store(out, acc.to(out.dtype.element_ty), mask=inside)
 
     @triton.jit
     def _swiglu(gate, up, dtype):

@@ -38,7 +38,7 @@ from grpo.kernels.decode_attention import decode_attention, fused_supported, tri
 from grpo.model.dequant import drop_dense_copies, linear4bit_modules
 from grpo.rollout.sampling import row_keys, sample
 from grpo.rollout.slots import SlotSchedule, Wave
-from grpo.rollout.static_layers import (Mlp4bit, attend, heads, layer_weights, output_and_mlp, output_projection,
+from grpo.rollout.static_layers import (MLP_KERNELS, attend, heads, layer_weights, output_and_mlp, output_projection,
                                         qkv_projection, torch_decode_attention)
 
 log = logging.getLogger(__name__)
@@ -70,11 +70,12 @@ class StaticDecoder:
     On CUDA (``compile``) the parts of each layer around its attention, and the sampler, are compiled
     by torch.compile so that the elementwise work fuses into a few kernels, and (``fused_attention``,
     where Triton runs) the attention is one Triton kernel: with ~20 small kernels a layer a decode step
-    was launch-bound even inside a CUDA graph."""
+    was launch-bound even inside a CUDA graph. Where Triton runs (``fused_mlp``) a decode step's gate, up
+    and SwiGLU over a dense gate/up copy are one Triton kernel too (grpo/kernels/swiglu_dense.py)."""
 
     def __init__(self, model: torch.nn.Module, *, merge_lora: bool = True, read_4bit_mlp: bool = False,
                  cuda_graphs: bool | None = None, compile: bool | None = None, fused_attention: bool | None = None,
-                 bucket: int = CACHE_BUCKET, sync_every: int = 32) -> None:
+                 fused_mlp: bool | None = None, bucket: int = CACHE_BUCKET, sync_every: int = 32) -> None:
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"StaticDecoder cannot run this model: {reason}")
@@ -93,6 +94,7 @@ class StaticDecoder:
         self.compile = on_gpu if compile is None else compile
         group = cfg.num_attention_heads // self.n_kv
         self.fused = fused_supported(self.device, self.head_dim, group) if fused_attention is None else fused_attention
+        self.fused_mlp = triton_runs(self.device) if fused_mlp is None else fused_mlp
         # static shapes: a decoder sees few slot counts, and each gets kernels specialised to it
         self._part1 = torch.compile(qkv_projection, dynamic=False) if self.compile else qkv_projection
         self._part2 = torch.compile(output_and_mlp, dynamic=False) if self.compile else output_and_mlp
@@ -119,8 +121,8 @@ class StaticDecoder:
     def refresh(self) -> None:
         """(Re)build each layer's weight tuples from the live modules: refolds merged LoRA, re-reads
         unmerged LoRA. Tensors are rebuilt, so graphs captured before are stale (generate recaptures)."""
-        self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora, self.read_4bit_mlp)
-                        for layer in self.body.layers]
+        self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora, self.read_4bit_mlp,
+                                      self.fused_mlp) for layer in self.body.layers]
 
     def release(self) -> None:
         """Free the dense and merged weight copies until the next ``refresh`` (re-de-quantising a
@@ -143,8 +145,8 @@ class StaticDecoder:
         for i, (w1, w2) in enumerate(self.weights):
             x, qkv = part1(x, delta, w1, eps)
             a = attention(i, qkv, cos, sin, w1)
-            if isinstance(w2[-1], Mlp4bit):  # the MLP's kernels run outside the compiled part, which sees
-                x, h = project(x, a, w2[:5], eps)  # only tensors (no guard on each layer's Mlp4bit)
+            if isinstance(w2[-1], MLP_KERNELS):  # the MLP's kernels run outside the compiled part, which sees
+                x, h = project(x, a, w2[:5], eps)  # only tensors (no guard on each layer's MLP object)
                 delta = w2[-1](h)
             else:
                 x, delta = part2(x, a, w2, eps)

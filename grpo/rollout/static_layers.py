@@ -10,7 +10,9 @@ A layer is split where the attention goes:
   attention), whose ``heads`` and ``attend`` prefill always runs;
 - ``output_and_mlp``: output projection, residual, norm, SwiGLU MLP; its output is added by the next
   layer's ``qkv_projection``, so that residual add and norm are one kernel. With a 4-bit MLP read
-  directly (``Mlp4bit``), ``output_projection`` stops at the norm and the MLP is two Triton kernels.
+  directly (``Mlp4bit``), ``output_projection`` stops at the norm and the MLP is two Triton kernels; with
+  the fused dense gate/up (``DenseMlp``, where Triton runs) it stops there too, and a decode step's gate,
+  up and SwiGLU are one Triton kernel before cuBLAS's down projection.
 
 Weights: every linear layer runs as a dense matmul in the compute dtype, except a 4-bit MLP read in 4
 bits (``read_4bit_mlp``: a decode step reads 3.5x fewer bytes of it, and no copy is made). A
@@ -29,6 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from grpo.kernels.matmul_4bit import Weight4bit, matmul_4bit, reference_mlp, swiglu_4bit
+from grpo.kernels.swiglu_dense import block_k_divides, swiglu_dense
 from grpo.model.dequant import dequantized
 from grpo.model.lora import LoRALinear
 
@@ -153,6 +156,24 @@ class Mlp4bit:
         return reference_mlp(h, self.gate, self.up, self.down)
 
 
+@dataclass(frozen=True)
+class DenseMlp:
+    """A SwiGLU MLP from the decoder's dense copies, gate and up concatenated [2I, H]: a decode step's gate,
+    up and SwiGLU in one Triton kernel (grpo/kernels/swiglu_dense.py), a prompt's pass as cuBLAS matmuls."""
+
+    gate_up: Tensor
+    down: Tensor
+
+    def __call__(self, h: Tensor) -> Tensor:
+        if h.shape[1] == 1:  # [B, 1, H]: a decode step
+            return F.linear(swiglu_dense(h, self.gate_up), self.down)
+        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down)
+
+
+MLP_KERNELS = (Mlp4bit, DenseMlp)  # MLPs that run outside the compiled layer part (they launch Triton kernels)
+
+
 def mlp_4bit(mlp: torch.nn.Module, quantised: set[int]) -> Mlp4bit | None:
     """The layer's MLP as ``Mlp4bit`` when its three projections are 4-bit layers the kernels read
     (a row a whole number of blocks) and carry no active LoRA (which the dense path merges); else None."""
@@ -167,11 +188,11 @@ def mlp_4bit(mlp: torch.nn.Module, quantised: set[int]) -> Mlp4bit | None:
 
 @torch.no_grad()
 def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, merge: bool,
-                  read_4bit_mlp: bool = False) -> tuple[tuple, tuple]:
-    """The weight tuples of ``qkv_projection`` (with ``heads``' norms) and of ``output_and_mlp`` (or, with
-    ``read_4bit_mlp`` where ``mlp_4bit`` can read it, of ``output_projection`` followed by an ``Mlp4bit``)
-    for one decoder layer, built from its live modules (``quantised``: ids of the 4-bit linear layers;
-    ``merge``: fold LoRA in)."""
+                  read_4bit_mlp: bool = False, fused_mlp: bool = False) -> tuple[tuple, tuple]:
+    """The weight tuples of ``qkv_projection`` (with ``heads``' norms) and of ``output_and_mlp`` (or of
+    ``output_projection`` followed by an MLP object: an ``Mlp4bit`` with ``read_4bit_mlp`` where ``mlp_4bit``
+    can read it, else a ``DenseMlp`` with ``fused_mlp`` where gate and up are one copy) for one decoder layer,
+    built from its live modules (``quantised``: ids of the 4-bit linear layers; ``merge``: fold LoRA in)."""
     at, mlp = layer.self_attn, layer.mlp
     qkv = [at.q_proj, at.k_proj, at.v_proj]
 
@@ -201,6 +222,8 @@ def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, 
     gate_up = (mlp.gate_proj, mlp.up_proj)
     copied = any(id(_base(m)) in quantised or _lora_on(m) for m in gate_up)
     gate_up_w = (torch.cat([merged(m) for m in gate_up]),) if copied else tuple(merged(m) for m in gate_up)
+    if fused_mlp and copied and block_k_divides(gate_up_w[0].shape[1]):
+        return part1, (*attention_out, DenseMlp(gate_up_w[0], merged(mlp.down_proj)))
     return part1, (*attention_out, gate_up_w, merged(mlp.down_proj))
 
 

@@ -33,7 +33,7 @@ def faster(stage: str, a: float, b: float) -> bool:
 # Which way each knob trades memory: +1, a smaller value needs less (smaller batches and chunks, the 4-bit
 # base instead of a dense copy); -1, a larger one does (checkpointing on). The decoder's MLP read in 4 bits
 # (train.generation_mlp_4bit) saves 2.2 GiB at the 1.5B shape but is no longer only a memory saver: a decode
-# step at 16 sequences is 1.12x faster than the dense copy's, at 64 1.16x slower (H100, bench/RESULTS.md), so the
+# step at 16 sequences is 1.08x faster than the dense copy's, at 64 1.17x slower (H100, bench/RESULTS.md), so the
 # search measures it as any other knob.
 MEMORY_ORDER = {"train.generation_batch_size": 1, "train.train_batch_size": 1, "train.logprob_chunk_size": 1,
                 "train.dense_generation": 1, "train.dense_training": 1, "train.gradient_checkpointing": -1,

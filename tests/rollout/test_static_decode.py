@@ -33,7 +33,9 @@ def test_every_test_again_with_the_triton_attention():
 
 def test_the_attention_is_triton_exactly_where_triton_runs(model):
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
-    assert StaticDecoder(model).fused == (interpreting and importlib.util.find_spec("triton") is not None)
+    decoder = StaticDecoder(model)
+    assert decoder.fused == (interpreting and importlib.util.find_spec("triton") is not None)
+    assert decoder.fused_mlp == decoder.fused  # the dense gate/up + SwiGLU kernel too
 
 
 @pytest.fixture(scope="module")
@@ -124,7 +126,7 @@ def test_a_4bit_mlp_read_in_4_bits_decodes_what_generate_does(tiny_model_dir, to
     """``read_4bit_mlp``: where Triton runs (here: its interpreter) the MLP of a 4-bit base without LoRA is
     read by the 4-bit kernels, not copied, and the tokens are still generate's; an MLP with LoRA is
     copied and merged as before; where Triton cannot run, the decoder says so and copies."""
-    from grpo.rollout.static_layers import Mlp4bit
+    from grpo.rollout.static_layers import DenseMlp, Mlp4bit
 
     def nf4_with_lora(targets: tuple[str, ...]) -> torch.nn.Module:
         return _with_lora(load_policy_model(tiny_model_dir, quantization="nf4", compute_dtype="float32",
@@ -148,6 +150,8 @@ def test_a_4bit_mlp_read_in_4_bits_decodes_what_generate_does(tiny_model_dir, to
         assert _ids(with_mlp_lora, prompts, params) == _ids(NativeEngine(merged, tokenizer, batch_size=3,
                                                                         backend="hf"), prompts, params)
         assert not any(isinstance(w2[-1], Mlp4bit) for _, w2 in with_mlp_lora._decoder.weights)
+        # ... and a decode step's gate, up and SwiGLU over that copy are the fused dense kernel
+        assert all(isinstance(w2[-1], DenseMlp) for _, w2 in with_mlp_lora._decoder.weights)
     else:
         assert not fast._decoder.read_4bit_mlp and not any(four_bit)
         assert "decoding from a dense copy instead" in caplog.text
