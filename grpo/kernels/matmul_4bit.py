@@ -70,10 +70,11 @@ class Launch:
 # by (the fused gate/up kernel?, at most 16 rows?): the fastest of bench/matmul_4bit_probe.py's sweep on an
 # H100 (RESULTS, eleventh session). Splitting K gains little (gate/up at 64 rows 35.8 -> 33.1 us in three
 # ranges, slower in two or four): more warps a scheduler, but each program's pipeline fills and drains more often
-LAUNCHES: dict[tuple[bool, bool], Launch] = {(True, True): Launch(block_n=32, max_block_m=16, warps=2, min_programs=560),
-                                             (True, False): Launch(min_programs=420),
-                                             (False, True): Launch(block_n=32, max_block_m=16, warps=2, min_programs=528),
-                                             (False, False): Launch(min_programs=264)}
+LAUNCHES: dict[tuple[bool, bool], Launch] = {
+    (True, True): Launch(block_n=32, max_block_m=16, warps=2, min_programs=560),
+    (True, False): Launch(min_programs=420),
+    (False, True): Launch(block_n=32, max_block_m=16, warps=2, min_programs=528),
+    (False, False): Launch(min_programs=264)}
 # fp32 (exact IEEE products: the tests' tiny models, never a speed path) keeps the launch its GPU tests passed
 # at; at 4 warps its products spilled registers
 FP32_LAUNCH = Launch(warps=8)
@@ -150,7 +151,8 @@ def code_lookup(code: tuple[float, ...], dtype: torch.dtype, low: bool) -> str:
 if triton is not None:
 
     @triton.jit
-    def _codes(w_ptr, code_ptr, n, kb, N, K, BLOCK_K: tl.constexpr, dtype: tl.constexpr, HIGH: tl.constexpr, LOW: tl.constexpr):
+    def _codes(w_ptr, code_ptr, n, kb, N, K, BLOCK_K: tl.constexpr, dtype: tl.constexpr, HIGH: tl.constexpr,
+               LOW: tl.constexpr):
         """Rows ``n`` of W at this K block as codes in ``dtype``: the high nibbles' (W's even columns) and the low
         nibbles' (odd), each [BLOCK_N, BLOCK_K / 2]. ``HIGH``/``LOW``: ``code_lookup``'s PTX, or "" for
         ``tl.gather`` from the code book (Triton's interpreter; fp32)."""
@@ -174,10 +176,10 @@ if triton is not None:
         high, low = _codes(w_ptr, code_ptr, n, kb, N, K, BLOCK_K, dtype, HIGH, LOW)
         scale = tl.load(absmax_ptr + n.to(tl.int64) * (K // BLOCKSIZE) + (kb * BLOCK_K) // BLOCKSIZE, mask=n < N,
                         other=0.0)
-        return acc + _dot(low, x_odd, _dot(high, x_even, None, IEEE), IEEE) * scale[:, None]
+        return acc + dot_acc(low, x_odd, dot_acc(high, x_even, None, IEEE), IEEE) * scale[:, None]
 
     @triton.jit
-    def _dot(w, x_t, acc, IEEE: tl.constexpr):
+    def dot_acc(w, x_t, acc, IEEE: tl.constexpr):
         """acc + w [BLOCK_N, k] @ x_t [k, BLOCK_M] in fp32 (acc None: a new sum)."""
         if IEEE:
             return tl.dot(w.to(tl.float32), x_t.to(tl.float32), acc, input_precision="ieee")
@@ -221,11 +223,11 @@ if triton is not None:
                 tl.store(out + stride_up, acc_up, mask=inside)
         else:
             if SWIGLU:
-                acc = _swiglu(acc, acc_up, dtype)
+                acc = swiglu_rounded(acc, acc_up, dtype)
             tl.store(out, acc.to(out.dtype.element_ty), mask=inside)
 
     @triton.jit
-    def _swiglu(gate, up, dtype):
+    def swiglu_rounded(gate, up, dtype):
         """F.silu(gate) * up on the compute dtype's values, as the dense decoder rounds them (fp32 out)."""
         gate = gate.to(dtype).to(tl.float32)
         return (gate * tl.sigmoid(gate)).to(dtype).to(tl.float32) * up.to(dtype).to(tl.float32)
@@ -244,7 +246,7 @@ if triton is not None:
                 acc_up += tl.load(partial_ptr + i * stride_split + stride_up + at, mask=inside, other=0.0)
         dtype = out_ptr.dtype.element_ty
         if SWIGLU:
-            acc = _swiglu(acc, acc_up, dtype)
+            acc = swiglu_rounded(acc, acc_up, dtype)
         tl.store(out_ptr + at, acc.to(dtype), mask=inside)
 
 

@@ -10,7 +10,7 @@ session). The down projection stays cuBLAS's: 15.4 µs against this structure's 
 
 The gate and up weights are the decoder's concatenated copy [2I, H] (gate rows first); the products are
 bf16 on tensor cores accumulated in fp32 (fp32 inputs: exact IEEE products, the tests' tiny models), then
-rounded to the compute dtype before SwiGLU as the dense decoder rounds them (``matmul_4bit._swiglu``).
+rounded to the compute dtype before SwiGLU as the dense decoder rounds them (``matmul_4bit.swiglu_rounded``).
 tests/kernels/test_swiglu_dense.py compares it with ``F.silu(F.linear(...)) * F.linear(...)``.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from grpo.kernels.fit import first_that_loads
 if triton is not None:
     import triton.language as tl
 
-    from grpo.kernels.matmul_4bit import _dot, _swiglu
+    from grpo.kernels.matmul_4bit import dot_acc, swiglu_rounded
 
     @triton.jit
     def _swiglu_dense_kernel(x_ptr, stride_xm, w_ptr, out_ptr, stride_om, M, N, K, BLOCK_M: tl.constexpr,
@@ -41,9 +41,9 @@ if triton is not None:
             w = w_ptr + n[:, None].to(tl.int64) * K + k[None, :]
             w_gate = tl.load(w, mask=n[:, None] < N, other=0.0)
             w_up = tl.load(w + N * K, mask=n[:, None] < N, other=0.0)
-            gate = _dot(w_gate, x_t, gate, DOT_IEEE)
-            up = _dot(w_up, x_t, up, DOT_IEEE)
-        act = _swiglu(gate, up, x_ptr.dtype.element_ty)
+            gate = dot_acc(w_gate, x_t, gate, DOT_IEEE)
+            up = dot_acc(w_up, x_t, up, DOT_IEEE)
+        act = swiglu_rounded(gate, up, x_ptr.dtype.element_ty)
         out = out_ptr + m[None, :].to(tl.int64) * stride_om + n[:, None]
         tl.store(out, act.to(out_ptr.dtype.element_ty), mask=(n[:, None] < N) & (m[None, :] < M))
 

@@ -4,9 +4,10 @@
 Why here: the kernels' code-book look-up is inline PTX (``matmul_4bit.code_lookup``) that only a GPU runs;
 Triton's interpreter, which the other kernel tests use on a CPU, takes ``tl.gather`` instead. A PTX error
 would otherwise first show on a GPU, and so would a change that sends the looked-up tile through shared memory
-again: on sm_90 each bf16 ``wgmma`` must take the weights from registers (what the look-up is built for). Compiled for an H100 (sm_90: wgmma) and for the 8 GB preset's card, an
-RTX 3060 Ti (sm_86: mma, 99 KiB of shared memory a block), with the launcher's alignment
-(bench/smem_fit.py, which prints every option for four cards).
+again: on sm_90 each bf16 ``wgmma`` must take the weights from registers (what the look-up is built for).
+Compiled for an H100 (sm_90: wgmma) and for the 8 GB preset's card, an RTX 3060 Ti (sm_86: mma, 99 KiB of
+shared memory a block), with the launcher's alignment (bench/smem_fit.py, which prints every option for four
+cards).
 """
 from __future__ import annotations
 
