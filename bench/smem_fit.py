@@ -27,7 +27,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from grpo.kernels import decode_attention, logprob_entropy, matmul_4bit  # noqa: E402
+from grpo.kernels import decode_attention, logprob_entropy, matmul_4bit, swiglu_dense  # noqa: E402
 
 # the most shared memory one block may opt into (CUDA C Programming Guide, "Compute capabilities" table)
 CARDS = {"A100 (sm_80)": (80, 163 * 1024), "RTX 30 (sm_86)": (86, 99 * 1024), "RTX 40 (sm_89)": (89, 99 * 1024),
@@ -95,15 +95,29 @@ def matmul_4bit_options(dtype: str) -> list[tuple[str, list[tuple[dict, tuple]]]
     return found
 
 
+def swiglu_dense_options(dtype: str, rows: int = 64) -> list[tuple[dict, tuple]]:
+    """The dense gate/up kernel's launch options in its launcher's order (``swiglu_dense.OPTIONS``): Triton
+    options and (kernel, signature, constexprs). Also tests/kernels/test_compile.py."""
+    t = "fp32" if dtype == "float32" else "bf16"
+    signature = {"x_ptr": f"*{t}", "stride_xm": "i32", "w_ptr": f"*{t}", "out_ptr": f"*{t}", "stride_om": "i32",
+                 "M": "i32", "N": "i32", "K": "i32"}
+    return [({"num_stages": stages, "num_warps": 4},
+             (swiglu_dense._swiglu_dense_kernel, signature,
+              {"BLOCK_M": rows, "BLOCK_N": swiglu_dense.BLOCK_N, "BLOCK_K": block_k, "DOT_IEEE": dtype == "float32"}))
+            for block_k, stages in swiglu_dense.OPTIONS]
+
+
 def kernels() -> list[tuple[str, dict, tuple]]:
     """(name, launch options, (kernel, signature, constexprs)) for every launch the kernels' launchers make:
-    the 4-bit and attention ones at each of their ``launch_options``, the log-prob ones at Triton's default of
-    3 stages."""
+    the 4-bit, dense gate/up and attention ones at each of their launch options, the log-prob ones at Triton's
+    default of 3 stages."""
     found = []
     for dtype in ("bfloat16", "float32"):
         for name, options in matmul_4bit_options(dtype):
             found += [(f"{name} BLOCK_N={kernel[2]['BLOCK_N']}", triton_options, kernel)
                       for triton_options, kernel in options]
+        found += [(f"swiglu_dense {dtype} BLOCK_K={kernel[2]['BLOCK_K']}", triton_options, kernel)
+                  for triton_options, kernel in swiglu_dense_options(dtype)]
         for block, stages in decode_attention.launch_options():
             found.append((f"decode_attention {dtype} BLOCK={block}", {"num_stages": stages},
                           _decode_attention(dtype, block)))

@@ -39,3 +39,17 @@ def test_each_4bit_launch_compiles_and_an_option_fits(arch, dtype):
                 fitting = triton_options
                 break
         assert fitting is not None, f"no launch option of {name} fits sm_{arch}'s {limit} bytes"
+
+
+@pytest.mark.parametrize("arch,dtype", [(90, "bfloat16"), (86, "bfloat16"), (86, "float32")])
+def test_the_dense_gate_up_kernel_has_an_option_that_fits(arch, dtype):
+    """grpo/kernels/swiglu_dense.py, at the decoder's 64 rows: its first option (four stages) asks for 96 KiB on
+    sm_90 (72 on sm_86, 144 in fp32), so an RTX 30 card's 99 KiB must take it or a fallback."""
+    from triton.backends.compiler import GPUTarget
+
+    from bench.smem_fit import CARDS, source, swiglu_dense_options
+
+    limit = next(lim for cc, lim in CARDS.values() if cc == arch)
+    shared = [triton.compile(source(*kernel), target=GPUTarget("cuda", arch, 32), options=options).metadata.shared
+              for options, kernel in swiglu_dense_options(dtype)]
+    assert any(size <= limit for size in shared), f"no option of swiglu_dense fits sm_{arch}: {shared} > {limit}"
