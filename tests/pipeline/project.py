@@ -32,10 +32,18 @@ def env() -> dict[str, str]:
     return e
 
 
-def run(args: list[str] | str, cwd: Path, check: bool = True, **extra_env: str) -> subprocess.CompletedProcess:
-    """Run a command (a string goes through the shell, as a user types it) with the venv on PATH."""
-    proc = subprocess.run(args, cwd=cwd, env={**env(), **extra_env}, capture_output=True, text=True,
-                          shell=isinstance(args, str))
+QUEUE_S = 120  # a `dvc queue` command returns in seconds; one that hangs (a stuck worker, seen once) fails instead
+
+
+def run(args: list[str] | str, cwd: Path, check: bool = True, timeout: float | None = None,
+        **extra_env: str) -> subprocess.CompletedProcess:
+    """Run a command (a string goes through the shell, as a user types it) with the venv on PATH; one that
+    outlives ``timeout`` seconds is killed and fails the test (a hang would stall the whole suite)."""
+    try:
+        proc = subprocess.run(args, cwd=cwd, env={**env(), **extra_env}, capture_output=True, text=True,
+                              shell=isinstance(args, str), timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{args} did not finish in {timeout} s (killed)") from exc
     if check and proc.returncode != 0:
         raise AssertionError(f"{args} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
     return proc

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from tests.pipeline.project import run
+from tests.pipeline.project import QUEUE_S, run
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 def wait_for_queue(project, timeout_s: float = 900) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        status = run("dvc queue status", project).stdout
+        status = run("dvc queue status", project, timeout=QUEUE_S).stdout
         if not any(word in status for word in ("Queued", "Running")):
             return
         time.sleep(5)
@@ -61,15 +61,16 @@ def test_exp_run_set_param_queue_and_sweep(project_copy):
         run(SWEEP, project_copy)
         grid = {(loss, lr) for loss in ("grpo", "dr_grpo", "dapo") for lr in (1e-4, 5e-4)}
         assert sorted(queued_params(project_copy)) == sorted(grid)
-        run("dvc queue remove --queued", project_copy)
+        run("dvc queue remove --queued", project_copy, timeout=QUEUE_S)
 
         run("dvc exp run --queue -n lr-2e-3 -S train.lr=2e-3", project_copy)
-        run("dvc queue start", project_copy)
+        run("dvc queue start", project_copy, timeout=QUEUE_S)
         wait_for_queue(project_copy)
-        status = run("dvc queue status", project_copy).stdout
-        assert "Failed" not in status, status + run("dvc queue logs lr-2e-3", project_copy, check=False).stdout
+        status = run("dvc queue status", project_copy, timeout=QUEUE_S).stdout
+        assert "Failed" not in status, \
+            status + run("dvc queue logs lr-2e-3", project_copy, check=False, timeout=QUEUE_S).stdout
     finally:
-        run("dvc queue stop", project_copy, check=False)  # no worker outlives the test
+        run("dvc queue stop", project_copy, check=False, timeout=QUEUE_S)  # no worker outlives the test
 
     # the workspace holds the last `dvc exp run` (lr 1e-3): compare it with the commit
     assert "train.lr" in run("dvc params diff", project_copy).stdout

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.pipeline.project import ROOT, run
+from tests.pipeline.project import QUEUE_S, ROOT, run
 from tests.pipeline.test_experiments import wait_for_queue
 
 # The probe holds its slot until the other experiment's probe has started too (or gives up after
@@ -49,12 +49,12 @@ def test_two_queued_experiments_run_at_once_each_on_its_own_slot(tmp_path):
            "CUDA_VISIBLE_DEVICES": ""}
     run("dvc exp run --queue -S 'train.lr=1e-4,5e-4'", project)  # the README's commands
     try:
-        run("GRPO_DEVICE_SLOTS=2 dvc queue start -j 2", project, **env)
+        run("GRPO_DEVICE_SLOTS=2 dvc queue start -j 2", project, timeout=QUEUE_S, **env)
         wait_for_queue(project, timeout_s=600)
-        status = run("dvc queue status", project).stdout
+        status = run("dvc queue status", project, timeout=QUEUE_S).stdout
         assert status.count("Success") == 2, status
     finally:
-        run("dvc queue stop", project, check=False)  # no worker outlives the test
+        run("dvc queue stop", project, check=False, timeout=QUEUE_S)  # no worker outlives the test
     devices = {p.name: p.read_text() for p in probe_dir.glob("started-*")}
     assert sorted(devices) == ["started-0.0001", "started-0.0005"]
     assert sorted(devices.values()) == ["0", "1"], devices  # two slots, one each
