@@ -94,7 +94,6 @@ class Weight4bit:
     absmax: Tensor  # fp32, one a block
     code: Tensor  # fp32 [16]: the code book (NF4's quantiles, or FP4's values)
     code_values: tuple[float, ...]  # the same, read once here: the look-up's PTX is written from them
-    quant_type: str  # the code book's name: "nf4" or "fp4"
     out_features: int
     in_features: int
     blocksize: int
@@ -114,8 +113,7 @@ class Weight4bit:
             absmax = bnbf.dequantize_blockwise(state.absmax, state.state2) + state.offset
         code = state.code.float()
         return cls(module.weight.data.view(-1), absmax.float().contiguous(), code.to(absmax.device),
-                   tuple(code.tolist()), state.quant_type, module.out_features, module.in_features, state.blocksize,
-                   module)
+                   tuple(code.tolist()), module.out_features, module.in_features, state.blocksize, module)
 
     def dense(self, dtype: torch.dtype) -> Tensor:
         """A new de-quantised copy [N, K] (bitsandbytes' own kernel): a prompt's pass over many tokens is a
@@ -255,9 +253,10 @@ def block_k(blocksize: int) -> int:
     return min(blocksize, MAX_BLOCK_K)
 
 
-def block_m_for(rows: int, launch: Launch) -> int:
-    """Rows of x a program computes: a power of two, at least 16 (the tensor cores' smallest tile)."""
-    return max(16, 1 << (min(rows, launch.max_block_m) - 1).bit_length())
+def block_m_for(rows: int, max_block_m: int) -> int:
+    """Rows of x a program computes: a power of two, at least 16 (the tensor cores' smallest tile), at most
+    ``max_block_m`` (also grpo/kernels/swiglu_dense.py)."""
+    return max(16, 1 << (min(rows, max_block_m) - 1).bit_length())
 
 
 def k_splits(rows: int, n: int, k: int, blocksize: int, block_m: int, block_n: int, launch: Launch) -> tuple[int, int]:
@@ -274,7 +273,7 @@ def partial_bytes(rows: int, n: int, k: int, blocksize: int, swiglu: bool, dtype
     if rows <= 0:
         return 0
     launch = launch_for(dtype, swiglu, rows)
-    split, _ = k_splits(rows, n, k, blocksize, block_m_for(rows, launch), launch.block_n, launch)
+    split, _ = k_splits(rows, n, k, blocksize, block_m_for(rows, launch.max_block_m), launch.block_n, launch)
     return 0 if split == 1 else split * (2 if swiglu else 1) * rows * n * 4
 
 
@@ -291,7 +290,7 @@ def _launch(x: Tensor, w: Weight4bit, up: Weight4bit | None) -> Tensor:
     """The kernel at ``launch_for``'s cut and the first of its ``launch_options`` that loads on this GPU
     (remembered)."""
     launch = launch_for(x.dtype, up is not None, x.shape[0])
-    block_m = block_m_for(x.shape[0], launch)
+    block_m = block_m_for(x.shape[0], launch.max_block_m)
     key = ("matmul_4bit", x.device, x.dtype, up is not None, block_m, launch, w.blocksize)
     return first_that_loads(key, launch_options(launch.block_n),
                             lambda option: _run(x, w, up, block_m, launch, *option))

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from grpo.kernels.decode_attention import _interpreting, triton
 from grpo.kernels.fit import first_that_loads
+from grpo.kernels.matmul_4bit import block_m_for
 
 if triton is not None:
     import triton.language as tl
@@ -64,7 +65,7 @@ def swiglu_dense(x: Tensor, gate_up: Tensor) -> Tensor:
     n, k = gate_up.shape[0] // 2, gate_up.shape[1]
     if not block_k_divides(k) or not gate_up.is_contiguous():
         raise ValueError(f"swiglu_dense: K {k} must be a multiple of 64 and the weights contiguous")
-    block_m = max(16, triton.next_power_of_2(min(rows.shape[0], MAX_BLOCK_M)))
+    block_m = block_m_for(rows.shape[0], MAX_BLOCK_M)
     out = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)
 
     def launch(option: tuple[int, int]) -> Tensor:

@@ -133,12 +133,16 @@ def output_and_mlp(x: Tensor, a: Tensor, w: tuple, eps: float) -> tuple[Tensor, 
     """Layer part 2 with a dense MLP: ``output_projection`` and the SwiGLU MLP. Returns the residual stream
     and the MLP's output, which the next ``qkv_projection`` adds."""
     x, h = output_projection(x, a, w, eps)
-    gate_up, down_w = w[5:]
+    return x, swiglu_mlp(h, *w[5:])
+
+
+def swiglu_mlp(h: Tensor, gate_up: tuple[Tensor, ...], down: Tensor) -> Tensor:
+    """The dense SwiGLU MLP: ``gate_up`` is (gate and up concatenated,) or (gate, up)."""
     if len(gate_up) == 1:  # gate and up concatenated: one matmul
         gate, up = F.linear(h, gate_up[0]).chunk(2, dim=-1)
     else:
         gate, up = F.linear(h, gate_up[0]), F.linear(h, gate_up[1])
-    return x, F.linear(F.silu(gate) * up, down_w)
+    return F.linear(F.silu(gate) * up, down)
 
 
 @dataclass(frozen=True)
@@ -167,8 +171,7 @@ class DenseMlp:
     def __call__(self, h: Tensor) -> Tensor:
         if h.shape[1] == 1:  # [B, 1, H]: a decode step
             return F.linear(swiglu_dense(h, self.gate_up), self.down)
-        gate, up = F.linear(h, self.gate_up).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down)
+        return swiglu_mlp(h, (self.gate_up,), self.down)
 
 
 MLP_KERNELS = (Mlp4bit, DenseMlp)  # MLPs that run outside the compiled layer part (they launch Triton kernels)
