@@ -52,7 +52,7 @@ def kernel_table(decoder, batch: int = 64, new: int = PROFILE_TOKENS) -> dict:
     return {"calls_per_step": round(sum(r[1] for r in kernels) / new, 1),
             "kernel_ms_per_step": round(sum(r[2] for r in kernels) / new / 1000, 3),
             "top": [{"kernel": k[:90], "per_step": round(c / new, 2), "us_per_step": round(us / new, 1)}
-                    for k, c, us in kernels[:25]]}
+                    for k, c, us in kernels[:60]]}
 
 
 def time_batches(decoder, label: str) -> dict:

@@ -149,12 +149,12 @@ def phase_times(events: Any) -> dict[str, list[dict[str, float]]]:
             found.setdefault(e.name[5:], []).append((e.time_range.start, e.time_range.end, e.cpu_time_total))
         elif e.device_type != DeviceType.CPU and not e.name.startswith(("grpo/", "ProfilerStep")):
             device.append((e.time_range.start, e.time_range.end))
-    busy = _union(device)
+    busy = union(device)
     return {phase: [{"wall_s": cpu_us / 1e6, "gpu_s": _overlap(busy, start, end) / 1e6}
                     for start, end, cpu_us in sorted(items)] for phase, items in found.items()}
 
 
-def _union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     """Sorted, disjoint intervals covering ``intervals`` (kernels of several streams overlap)."""
     merged: list[list[float]] = []
     for start, end in sorted(intervals):

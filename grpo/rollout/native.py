@@ -39,7 +39,7 @@ from grpo.model.lora import lora_modules
 from grpo.rollout.base import (GENERATION_BACKENDS, Completion, SamplingParams, encode_prompts, make_completion,
                                stop_token_ids)
 from grpo.rollout.budget import slots_for_model
-from grpo.rollout.sampling import keyed_scores, row_keys
+from grpo.rollout.sampling import keyed_scores, row_keys, vocab_offsets
 from grpo.rollout.static_decode import StaticDecoder, supports
 from grpo.fault_injection import FaultHook
 from grpo.microbatch import AdaptiveBatchSize, free_memory
@@ -268,11 +268,15 @@ class _KeyedSampling(LogitsProcessor):
 
     def __init__(self, keys: torch.Tensor, width: int, params: SamplingParams) -> None:
         self.keys, self.width, self.params = keys, width, params
+        self.offsets: torch.Tensor | None = None  # the vocabulary's noise offsets, made at the first token
 
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         positions = torch.full_like(self.keys, input_ids.shape[1] - self.width)  # index in the response
+        if self.offsets is None:
+            self.offsets = vocab_offsets(scores.shape[-1], scores.device)
         p = self.params
-        return keyed_scores(scores, self.keys, positions, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p)
+        return keyed_scores(scores, self.keys, positions, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                            offsets=self.offsets)
 
 
 def _sampling_kwargs(params: SamplingParams, keys: torch.Tensor, width: int) -> dict:

@@ -36,7 +36,7 @@ from torch import Tensor
 
 from grpo.kernels.decode_attention import decode_attention, fused_supported, triton_runs
 from grpo.model.dequant import drop_dense_copies, linear4bit_modules
-from grpo.rollout.sampling import row_keys, sample
+from grpo.rollout.sampling import row_keys, sample, vocab_offsets
 from grpo.rollout.slots import SlotSchedule, Wave
 from grpo.rollout.static_layers import (MLP_KERNELS, attend, heads, layer_weights, output_and_mlp, output_projection,
                                         qkv_projection, torch_decode_attention)
@@ -60,6 +60,42 @@ def supports(model: torch.nn.Module) -> str | None:
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"hidden_act {cfg.hidden_act!r} (SwiGLU with silu only)"
     return None
+
+
+def step_inputs(body: torch.nn.Module, ids: Tensor, positions: Tensor, dtype: torch.dtype
+                ) -> tuple[Tensor, Tensor, Tensor]:
+    """The embedded ``ids`` [B, T] and the RoPE tables at ``positions`` [B, T]."""
+    x = body.embed_tokens(ids).to(dtype)
+    cos, sin = body.rotary_emb(x, positions)
+    return x, cos, sin
+
+
+def next_token(norm: torch.nn.Module, lm_head: torch.nn.Module, x: Tensor, delta: Tensor, keys: Tensor,
+               positions: Tensor, offsets: Tensor, *, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """The last layer's residual add (``x + delta`` [B, T, H], last position), the final norm, the LM head
+    and the keyed sampler (grpo.rollout.sampling)."""
+    return sample(lm_head(norm((x + delta)[:, -1])), keys, positions, temperature=temperature, top_k=top_k,
+                  top_p=top_p, offsets=offsets)
+
+
+def stops(token: Tensor, stop_ids: Tensor) -> Tensor:
+    """Which of ``token`` [B] are stop ids."""
+    return (token[:, None] == stop_ids[None]).any(-1)
+
+
+def advance(sampled: Tensor, finished: Tensor, out: Tensor, count: Tensor, limit: Tensor, tokens: Tensor,
+            cursor: Tensor, positions: Tensor, stop_ids: Tensor, pad_id: Tensor) -> None:
+    """A decode step's bookkeeping, in place: a live slot keeps its ``sampled`` token and moves on, an
+    ended one writes its pad into ``out``'s spare last column and stays put."""
+    token = torch.where(finished, pad_id, sampled)
+    live = (~finished).long()
+    column = torch.where(finished, out.shape[1] - 1, count)
+    out.scatter_(1, column[:, None], token[:, None])
+    count += live
+    finished |= stops(token, stop_ids) | (count >= limit)
+    tokens.copy_(token)
+    cursor += live  # an ended slot stays put: its writes never leave the cache
+    positions += live
 
 
 class StaticDecoder:
@@ -103,7 +139,12 @@ class StaticDecoder:
         if read_4bit_mlp and not self.read_4bit_mlp:
             log.warning("generation_mlp_4bit: the 4-bit MLP kernels need a 4-bit base and Triton on an Ampere "
                         "or newer GPU; decoding from a dense copy instead")
-        self._pick = torch.compile(sample, dynamic=False) if self.compile else sample
+        # a step's edges, compiled too: in eager they were ~40 one-off kernels a step (embedding, RoPE
+        # tables, the final norm, the sampler's bookkeeping), each a launch slot inside the graph
+        self._inputs = torch.compile(step_inputs, dynamic=False) if self.compile else step_inputs
+        self._pick = torch.compile(next_token, dynamic=False) if self.compile else next_token
+        self._advance = torch.compile(advance, dynamic=False) if self.compile else advance
+        self._offsets = vocab_offsets(model.get_output_embeddings().out_features, self.device)
         self.weights: list[tuple[tuple, tuple]] = []
         # the graphs' warm-up stream, one for the decoder's life: cuBLAS gives every new stream a workspace
         # of its own (32 MiB on Hopper) that is never freed, and a stream per capture held 29 of them
@@ -131,16 +172,16 @@ class StaticDecoder:
         drop_dense_copies(self.model)
 
     # --- the forward pass ------------------------------------------------------------------
-    def _forward(self, ids: Tensor, positions: Tensor, attention: Callable[..., Tensor], eager: bool = False) -> Tensor:
+    def _forward(self, ids: Tensor, positions: Tensor, attention: Callable[..., Tensor], eager: bool = False
+                 ) -> tuple[Tensor, Tensor]:
         """Run ``ids`` [B, T] at ``positions`` [B, T]. ``attention(layer, qkv, cos, sin, w1)`` writes the
         new keys and values into the cache and returns the attention output [B, T, Hq * D]. Returns the
-        last position's final hidden state [B, H]. ``eager``: prefill's varying shapes skip the
-        compiled parts."""
-        part1, part2, project = ((qkv_projection, output_and_mlp, output_projection) if eager
-                                 else (self._part1, self._part2, self._project))
+        residual stream and the last layer's output, which ``_sample`` adds. ``eager``: prefill's varying
+        shapes skip the compiled parts."""
+        part1, part2, project, inputs = ((qkv_projection, output_and_mlp, output_projection, step_inputs) if eager
+                                         else (self._part1, self._part2, self._project, self._inputs))
         eps = self.cfg[3]
-        x = self.body.embed_tokens(ids).to(self.dtype)
-        cos, sin = self.body.rotary_emb(x, positions)
+        x, cos, sin = inputs(self.body, ids, positions, self.dtype)
         delta = None
         for i, (w1, w2) in enumerate(self.weights):
             x, qkv = part1(x, delta, w1, eps)
@@ -150,15 +191,13 @@ class StaticDecoder:
                 delta = w2[-1](h)
             else:
                 x, delta = part2(x, a, w2, eps)
-        return self.body.norm((x + delta)[:, -1])
+        return x, delta
 
-    def _sample(self, hidden: Tensor, keys: Tensor, positions: Tensor, eager: bool = False) -> Tensor:
-        logits = self.model.get_output_embeddings()(hidden)
-        return (sample if eager else self._pick)(logits, keys, positions, temperature=self.temperature,
-                                                 top_k=self.top_k, top_p=self.top_p)
-
-    def _stops(self, token: Tensor) -> Tensor:
-        return (token[:, None] == self.stop_ids[None]).any(-1)
+    def _sample(self, x: Tensor, delta: Tensor, keys: Tensor, positions: Tensor, eager: bool = False) -> Tensor:
+        """The next ids after the last layer (``_forward``'s outputs)."""
+        return (next_token if eager else self._pick)(
+            self.body.norm, self.model.get_output_embeddings(), x, delta, keys, positions, self._offsets,
+            temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
 
     # --- per-slot state ----------------------------------------------------------------------
     def _allocate(self, slots: int, cache_len: int, max_new: int, stop_ids: list[int], pad_id: int) -> None:
@@ -207,19 +246,19 @@ class StaticDecoder:
             self.v_cache[i][slots, :, :width] = v
             return attend(q, k, v, attend_mask, self.cfg)  # a new row attends over its own prompt only
 
-        hidden = self._forward(ids, positions, attention, eager=True)
+        x, delta = self._forward(ids, positions, attention, eager=True)
         self.valid.index_fill_(0, slots, False)
         self.valid[slots, :width] = mask
         self.keys[slots] = keys[torch.tensor(wave.rows, device=keys.device)].to(dev)
         self.limit[slots] = torch.tensor([limits[r] for r in wave.rows], device=dev)
         self.cursor[slots] = width
         self.positions[slots] = mask.sum(-1)
-        first = self._sample(hidden, self.keys[slots], torch.zeros_like(slots), eager=True)
+        first = self._sample(x, delta, self.keys[slots], torch.zeros_like(slots), eager=True)
         self.out.index_fill_(0, slots, pad)
         self.out[slots, 0] = first
         self.tokens[slots] = first
         self.count[slots] = 1
-        self.finished[slots] = self._stops(first) | (self.limit[slots] <= 1)
+        self.finished[slots] = stops(first, self.stop_ids) | (self.limit[slots] <= 1)
 
     def _decode_step(self, length: int) -> None:
         """One token for every slot, reading and writing only the persistent buffers (graph-safe): each
@@ -235,16 +274,9 @@ class StaticDecoder:
                                           self.cursor, length, w1, self.cfg)
 
         self.valid.scatter_(1, self.cursor[:, None], True)
-        hidden = self._forward(self.tokens[:, None], self.positions[:, None], attention)
-        token = torch.where(self.finished, self.pad_id, self._sample(hidden, self.keys, self.count))
-        live = (~self.finished).long()
-        column = torch.where(self.finished, self.out.shape[1] - 1, self.count)
-        self.out.scatter_(1, column[:, None], token[:, None])
-        self.count += live
-        self.finished |= self._stops(token) | (self.count >= self.limit)
-        self.tokens.copy_(token)
-        self.cursor += live  # an ended slot stays put: its writes never leave the cache
-        self.positions += live
+        x, delta = self._forward(self.tokens[:, None], self.positions[:, None], attention)
+        self._advance(self._sample(x, delta, self.keys, self.count), self.finished, self.out, self.count, self.limit,
+                      self.tokens, self.cursor, self.positions, self.stop_ids, self.pad_id)
 
     def graph_key(self, length: int) -> int:
         """Which captured graph runs the decode step at ``length``: the fused attention reads no length,

@@ -157,6 +157,30 @@ def test_a_4bit_mlp_read_in_4_bits_decodes_what_generate_does(tiny_model_dir, to
         assert "decoding from a dense copy instead" in caplog.text
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="inductor's CPU code once, not again per attention")
+def test_compiled_step_decodes_the_eager_steps_tokens(tiny_model_dir, tokenizer, prompts):
+    """The parts a GPU compiles (layer parts, embedding and RoPE, final norm + LM head + sampler, the
+    in-place bookkeeping), compiled by inductor for this CPU: the same tokens and stops as the eager step,
+    greedy and sampled (the GPU tests above check only greedy decoding through them)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    first = NativeEngine(model, tokenizer, batch_size=3, backend="hf").generate(prompts, greedy)[0][0].token_ids
+    with torch.no_grad():  # prompt 0 ends early (test_stop_tokens_padding_and_finish_reasons' swap)
+        w = model.lm_head.weight
+        w[[end_id, first[2]]] = w[[first[2], end_id]]
+    runs = {}
+    for compiled in (False, True):
+        decoder = StaticDecoder(model, compile=compiled, bucket=16, sync_every=4)
+        engine = NativeEngine(model, tokenizer, batch_size=2, backend="static", decoder=decoder)
+        runs[compiled] = [_ids(engine, prompts, greedy),
+                          _ids(engine, prompts, SamplingParams(n=3, temperature=1.0, top_p=0.9, top_k=50,
+                                                               max_new_tokens=MAX_NEW, seed=5))]
+    assert runs[True] == runs[False]
+    lengths = [len(ids) for run in runs[True] for group in run for ids in group]
+    assert min(lengths) < MAX_NEW == max(lengths)  # some rows stopped early, some ran to the limit
+
+
 def test_empty_prompt_is_a_clear_error(tiny_model_dir, tokenizer):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     with pytest.raises(ValueError, match="prompt 1 .* encodes to no tokens"):
