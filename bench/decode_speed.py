@@ -2,12 +2,13 @@
 does not depend on the values), nf4 base + LoRA r16 on q/k/v/o merged, 128-token prompts, forced new
 tokens (no stop ids), sampling at temperature 1 (issue 18).
 
-    python3 bench/decode_speed.py [--label new] [--profile] [--compile-mode max-autotune-no-cudagraphs]
+    python3 bench/decode_speed.py [--label new] [--batches 16,64] [--profile] [--compile-mode max-autotune-no-cudagraphs]
     GRPO_TREE=/path/to/old/tree python3 bench/decode_speed.py --label old   # the baseline, same call
 
-For batch 16 and 64 it times whole generate calls (graph capture, prefill and compile warm-up excluded
-by a first, untimed call of each shape) of 256 and 768 new tokens: whole-call tokens/s, the capture
-time, and one decode step's time from the difference of the two (512 steps). ``--profile`` adds a kernel
+For batch 16 and 64 (``--batches``) it times whole generate calls (compile warm-up excluded by a first,
+untimed call of each shape; each call captures its graph again) of 256 and 768 new tokens: whole-call
+tokens/s, the capture time, and one decode step's time from the difference of the two without their
+captures (512 steps). ``--profile`` adds a kernel
 table of one 64-row, 128-token call from torch.profiler (CUPTI records the kernels a graph replay runs):
 kernels per decode step, their summed time per step and the top kernels. Writes
 $OUT/decode_speed_<label>.json (default bench/results/). ``--compile-mode`` recompiles the decoder's layer
@@ -55,17 +56,18 @@ def kernel_table(decoder, batch: int = 64, new: int = PROFILE_TOKENS) -> dict:
                     for k, c, us in kernels[:60]]}
 
 
-def time_batches(decoder, label: str) -> dict:
-    """Whole calls of 256 and 768 new tokens at batch 16 and 64 (each shape once untimed first), and the
-    decode step from their difference."""
+def time_batches(decoder, label: str, batches: tuple[int, ...] = (16, 64)) -> dict:
+    """Whole calls of 256 and 768 new tokens at each batch (each shape once untimed first), and the
+    decode step from their difference, each call's graph capture left out (a capture once took 0.094 s
+    where others took 0.046, which moved the step of that difference by 0.1 ms)."""
     res = {}
-    for batch in (16, 64):
+    for batch in batches:
         runs = {}
         for new in (256, 768):
             fast_rollout(decoder, batch, new)  # compiles and tunes for this shape: not timed
             runs[new] = fast_rollout(decoder, batch, new)
             print(f"{label} B{batch} N{new}: {runs[new]}", flush=True)
-        step_ms = (runs[768]["s"] - runs[256]["s"]) / 512 * 1000
+        step_ms = ((runs[768]["s"] - runs[768]["capture_s"]) - (runs[256]["s"] - runs[256]["capture_s"])) / 512 * 1000
         res[f"B{batch}"] = {"N256": runs[256], "N768": runs[768], "decode_step_ms": round(step_ms, 3),
                             "decode_tok_per_s": round(batch / step_ms * 1000)}
         print(f"{label} B{batch}: decode step {step_ms:.3f} ms", flush=True)
@@ -76,6 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="new")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--batches", default="16,64", help="comma-separated batch sizes to time")
     parser.add_argument("--compile-mode", default=None)
     parser.add_argument("--read-4bit-mlp", action="store_true",
                         help="the MLP read in 4 bits (train.generation_mlp_4bit)")
@@ -106,7 +109,7 @@ def main() -> None:
     def save() -> None:  # after each part: a call cut by its time limit keeps what it measured
         (OUT / f"decode_speed_{args.label}.json").write_text(json.dumps(res, indent=1))
 
-    res.update(time_batches(decoder, args.label))
+    res.update(time_batches(decoder, args.label, tuple(int(b) for b in args.batches.split(","))))
     save()
     if args.profile:
         res["kernels_B64"] = kernel_table(decoder)

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from grpo.rollout.sampling import MASK32, argmax_chunks, first_argmax, gumbel_noise, hash32, row_keys, sample, vocab_offsets
+from grpo.rollout.sampling import (MASK32, argmax_chunks, first_argmax, gumbel_noise, hash32, mix, row_keys, sample,
+                                   vocab_offsets)
 
 LOGITS = [1.2, -0.4, 0.3, 2.0, -1.5, 0.9]  # distinct, so top-k and top-p have no ties
 # chi-square quantiles at 0.999, by degrees of freedom
@@ -109,7 +110,7 @@ def test_temperature_zero_is_the_argmax():
 def test_vocab_offsets_are_index_times_golden_mod_2_32():
     vocab = 151_936  # Qwen's: v * GOLDEN passes 2**32 many times over
     expected = torch.arange(vocab, dtype=torch.long) * 0x61C88647 % (1 << 32)  # int64 on CPU: no overflow
-    assert torch.equal(vocab_offsets(vocab), expected)
+    assert torch.equal(vocab_offsets(vocab).long() & MASK32, expected)
 
 
 @pytest.mark.parametrize("vocab", [151_936, 49_152, 4_099, 512])
@@ -128,3 +129,44 @@ def test_first_argmax_is_argmax_with_ties_and_minus_inf(vocab):
 def test_argmax_chunks_divide_the_vocabulary():
     assert argmax_chunks(151_936) == 64 and argmax_chunks(49_152) == 24
     assert argmax_chunks(4_099) == 1 and argmax_chunks(512) == 1  # a prime; too narrow to cut
+
+
+def lowbias32(x: int) -> int:
+    """The mixer in Python integers, the obvious way (unsigned 32-bit arithmetic by masking)."""
+    x ^= x >> 16
+    x = x * 0x7FEB352D & MASK32
+    x ^= x >> 15
+    x = x * 0x21F0AAAD & MASK32
+    return x ^ (x >> 15)
+
+
+def reference_noise(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> torch.Tensor:
+    """gumbel_noise by hand: each row's stream, then entry v hashes stream + v * GOLDEN (mod 2**32)."""
+    rows = []
+    for stream in mix(keys, positions.long()).tolist():
+        h = torch.tensor([lowbias32((stream + v * 0x61C88647) & MASK32) for v in range(vocab)], dtype=torch.float64)
+        u = ((torch.div(h, 256, rounding_mode="floor") + 0.5) * 2.0**-24).float()
+        rows.append(-torch.log(-torch.log(u)))
+    return torch.stack(rows)
+
+
+def test_hash_matches_unsigned_32_bit_arithmetic_at_the_edges():
+    values = [0, 1, 2**15, 2**16 - 1, 2**31 - 1, 2**31, 2**31 + 12345, 2**32 - 1] + \
+        torch.randint(0, 2**32, (200,), generator=torch.Generator().manual_seed(0)).tolist()
+    assert hash32(torch.tensor(values)).tolist() == [lowbias32(v) for v in values]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the compiled GPU sampler needs CUDA"))])
+def test_noise_matches_the_reference_eager_and_compiled(device):
+    """Against the Python-integer reference: eager bit for bit; through inductor (whose int32 overflow
+    must wrap as the reference's masked arithmetic does) within its own logarithm's rounding, 5e-7 here,
+    where one wrong product would move entries by whole units."""
+    keys = row_keys(7, torch.tensor([0, 3, 2**20]), torch.tensor([1, 0, 5]))
+    positions = torch.tensor([0, 9, 700])
+    vocab = 3_000
+    expected = reference_noise(keys, positions, vocab)
+    args = (keys.to(device), positions.to(device), vocab_offsets(vocab, device))
+    assert torch.equal(gumbel_noise(*args).cpu(), expected)
+    compiled = torch.compile(gumbel_noise, dynamic=False)(*args).cpu()
+    torch.testing.assert_close(compiled, expected, rtol=1e-5, atol=1e-5)
