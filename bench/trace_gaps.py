@@ -94,14 +94,16 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 15) -> dict
                 if nxt < len(device):
                     tid = launch_tid.get(device[nxt].get("args", {}).get("correlation"), main_tid)
                 stack = hosts.stack(tid, (a + b) / 2)
-                inner = next((n for n in reversed(stack) if not n.startswith("grpo/")), stack[-1] if stack else "(no host event)")
+                labels = [n for n in stack if not n.startswith("grpo/")]
+                inner = labels[-1] if labels else (stack[-1] if stack else "(no host event)")
                 idle_by[inner] += b - a
                 longest.append((b - a, a, stack[-6:]))
         longest.sort(key=lambda g: -g[0])
         report[phase] = {
             "count": len(ranges), "wall_ms": round(wall / 1e3, 1), "gpu_busy_ms": round(busy_us / 1e3, 1),
             "idle_ms": round((wall - busy_us) / 1e3, 1),
-            "idle_by_host_event_ms": {k: round(v / 1e3, 2) for k, v in sorted(idle_by.items(), key=lambda kv: -kv[1])[:top]},
+            "idle_by_host_event_ms": {k: round(v / 1e3, 2)
+                                      for k, v in sorted(idle_by.items(), key=lambda kv: -kv[1])[:top]},
             "longest_gaps": [{"us": round(d), "at_ms": round((t - ranges[0][0]) / 1e3, 2), "host": s}
                              for d, t, s in longest[:top]],
         }

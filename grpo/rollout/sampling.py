@@ -80,10 +80,10 @@ def row_keys(seed: int, prompt_index: Tensor, sample_index: Tensor) -> Tensor:
 
 def vocab_offsets(vocab: int, device: torch.device | str = "cpu") -> Tensor:
     """``v * GOLDEN mod 2**32`` for every vocabulary index v [vocab] as int32 bits (``as_bits``): what
-    ``gumbel_noise`` adds to a row's stream. A running sum, not ``arange * GOLDEN``: inductor folds the latter into an int32 index
-    expression on CUDA, where the product overflows (it failed to compile at 151,936 ids). Made once per
-    decoder and passed in: inside the compiled sampler the sum was a scan over the vocabulary on every
-    row of every step."""
+    ``gumbel_noise`` adds to a row's stream. A running sum, not ``arange * GOLDEN``: inductor folds the
+    latter into an int32 index expression on CUDA, where the product overflows (it failed to compile at
+    151,936 ids). Made once per decoder and passed in: inside the compiled sampler the running sum was
+    recomputed by every step's kernel."""
     step = torch.full((vocab,), GOLDEN, device=device, dtype=torch.long)
     return as_bits((step.cumsum(0) - GOLDEN) & MASK32)
 
@@ -95,26 +95,6 @@ def gumbel_noise(keys: Tensor, positions: Tensor, offsets: Tensor) -> Tensor:
     h = hash_bits(stream[:, None] + offsets[None])
     u = (((h >> 8) & 0xFFFFFF).float() + 0.5) * 2.0**-24
     return -torch.log(-torch.log(u))
-
-
-def argmax_chunks(vocab: int, width: int = 2048) -> int:
-    """How many equal chunks ``first_argmax`` cuts a row of ``vocab`` into: the most that leaves each at
-    least ``width`` wide (1: no cut). 151,936 ids: 64 chunks of 2,374."""
-    return next((c for c in range(vocab // width, 1, -1) if vocab % c == 0), 1)
-
-
-def first_argmax(scores: Tensor) -> Tensor:
-    """``scores.argmax(-1)`` for [B, V], as two reductions: each chunk's maximum and its first index,
-    then the first chunk holding the row's maximum. The same index (the first of the row's maxima), but
-    compiled it spreads a row over many programs: one program a row made the sampler of a 64-row decode
-    step one 80 µs kernel on 64 of an H100's 132 SMs."""
-    rows, vocab = scores.shape
-    chunks = argmax_chunks(vocab)
-    if chunks == 1:
-        return scores.argmax(-1)
-    best, where = scores.reshape(rows, chunks, vocab // chunks).max(-1)
-    chunk = best.argmax(-1, keepdim=True)
-    return (chunk * (vocab // chunks) + where.gather(-1, chunk)).squeeze(-1)
 
 
 def warp(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
@@ -148,6 +128,6 @@ def sample(logits: Tensor, keys: Tensor, positions: Tensor, *, temperature: floa
     keyed by ``keys`` [B] (``row_keys``) at response ``positions`` [B]. The static decoder compiles it
     whole on a GPU (one fused pass over the logits and the noise), with ``offsets`` made once."""
     if temperature == 0:
-        return first_argmax(logits)
-    return first_argmax(keyed_scores(logits, keys, positions, temperature=temperature, top_k=top_k, top_p=top_p,
-                                     offsets=offsets))
+        return logits.argmax(-1)
+    return keyed_scores(logits, keys, positions, temperature=temperature, top_k=top_k, top_p=top_p,
+                        offsets=offsets).argmax(-1)

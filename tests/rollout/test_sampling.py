@@ -9,8 +9,7 @@ import math
 import pytest
 import torch
 
-from grpo.rollout.sampling import (MASK32, argmax_chunks, first_argmax, gumbel_noise, hash32, mix, row_keys, sample,
-                                   vocab_offsets)
+from grpo.rollout.sampling import MASK32, gumbel_noise, hash32, mix, row_keys, sample, vocab_offsets
 
 LOGITS = [1.2, -0.4, 0.3, 2.0, -1.5, 0.9]  # distinct, so top-k and top-p have no ties
 # chi-square quantiles at 0.999, by degrees of freedom
@@ -111,24 +110,6 @@ def test_vocab_offsets_are_index_times_golden_mod_2_32():
     vocab = 151_936  # Qwen's: v * GOLDEN passes 2**32 many times over
     expected = torch.arange(vocab, dtype=torch.long) * 0x61C88647 % (1 << 32)  # int64 on CPU: no overflow
     assert torch.equal(vocab_offsets(vocab).long() & MASK32, expected)
-
-
-@pytest.mark.parametrize("vocab", [151_936, 49_152, 4_099, 512])
-def test_first_argmax_is_argmax_with_ties_and_minus_inf(vocab):
-    torch.manual_seed(vocab)
-    scores = torch.randn(6, vocab).round(decimals=1)  # many exact ties
-    scores[1] = -math.inf
-    scores[2, : vocab // 2] = -math.inf
-    scores[3, -1] = 1e9  # the maximum in the last chunk
-    scores[4, [5, vocab - 3]] = 50.0  # tied maxima in different chunks: the first wins
-    scores[5] = 0.0  # every entry tied
-    assert torch.equal(first_argmax(scores), scores.argmax(-1))
-    assert first_argmax(scores).tolist()[3:] == [vocab - 1, 5, 0]
-
-
-def test_argmax_chunks_divide_the_vocabulary():
-    assert argmax_chunks(151_936) == 64 and argmax_chunks(49_152) == 24
-    assert argmax_chunks(4_099) == 1 and argmax_chunks(512) == 1  # a prime; too narrow to cut
 
 
 def lowbias32(x: int) -> int:

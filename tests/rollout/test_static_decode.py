@@ -157,7 +157,8 @@ def test_a_4bit_mlp_read_in_4_bits_decodes_what_generate_does(tiny_model_dir, to
         assert "decoding from a dense copy instead" in caplog.text
 
 
-@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1", reason="inductor's CPU code once, not again per attention")
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="inductor's CPU code once, not again under the interpreter")
 def test_compiled_step_decodes_the_eager_steps_tokens(tiny_model_dir, tokenizer, prompts):
     """The parts a GPU compiles (layer parts, embedding and RoPE, final norm + LM head + sampler, the
     in-place bookkeeping), compiled by inductor for this CPU: the same tokens and stops as the eager step,
