@@ -11,7 +11,8 @@ Inside the graph the kernels still run one after another, and at small batches t
 weights they read, bounds a step: so on CUDA each layer's attention (RoPE, the cache write, the
 softmax over the slot's cache) is one Triton kernel (grpo/kernels/decode_attention.py), the parts
 around it are torch.compile'd to fuse the residual / norm / SwiGLU elementwise work into the matmuls'
-neighbours, and the sampler is compiled whole. The layer maths and weights are
+neighbours, and so are the step's edges (embedding and RoPE tables; final norm, LM head and sampler; the
+bookkeeping). The layer maths and weights are
 grpo/rollout/static_layers.py.
 
 Continuous batching (grpo/rollout/slots.py schedules it): each slot is one row of the cache with its
