@@ -14,7 +14,7 @@ end=$((SECONDS + ${1:-570}))
 out="${OUT:-bench/results}"
 tests=${TESTS:-tests/kernels/test_swiglu_dense.py tests/kernels/test_matmul_4bit.py tests/rollout/test_static_decode.py \
     tests/rollout/test_continuous_batching.py tests/rollout/test_sampling.py}
-timeout 120 python3 -m pytest -q -p no:cacheprovider $tests 2>&1 | grep -v "it/s]" | tail -30 | tee "$out/decode_step_tests.txt"
+timeout 180 python3 -m pytest -q -p no:cacheprovider $tests 2>&1 | grep -v "it/s]" | tail -30 | tee "$out/decode_step_tests.txt"
 for label in new old; do
     tree=$([ $label = old ] && echo "$PWD/.baseline" || echo "$PWD")
     [ -d "$tree" ] || continue
