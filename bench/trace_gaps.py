@@ -21,7 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from grpo.profile import union  # noqa: E402
+from grpo.profile import overlap, union  # noqa: E402
 
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 HOST_CATS = {"cpu_op", "user_annotation", "cuda_runtime", "python_function", "cuda_driver"}
@@ -87,7 +87,7 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 15) -> dict
         longest = []
         busy_us = 0.0
         for start, end in ranges:
-            busy_us += sum(max(0.0, min(b, end) - max(a, start)) for a, b in busy if b > start and a < end)
+            busy_us += overlap(busy, start, end)
             for a, b in gaps_in(busy, start, end, min_gap_us):
                 nxt = bisect.bisect_left(device_starts, b)
                 tid = main_tid

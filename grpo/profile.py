@@ -150,7 +150,7 @@ def phase_times(events: Any) -> dict[str, list[dict[str, float]]]:
         elif e.device_type != DeviceType.CPU and not e.name.startswith(("grpo/", "ProfilerStep")):
             device.append((e.time_range.start, e.time_range.end))
     busy = union(device)
-    return {phase: [{"wall_s": cpu_us / 1e6, "gpu_s": _overlap(busy, start, end) / 1e6}
+    return {phase: [{"wall_s": cpu_us / 1e6, "gpu_s": overlap(busy, start, end) / 1e6}
                     for start, end, cpu_us in sorted(items)] for phase, items in found.items()}
 
 
@@ -165,7 +165,7 @@ def union(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
-def _overlap(busy: list[tuple[float, float]], start: float, end: float) -> float:
+def overlap(busy: list[tuple[float, float]], start: float, end: float) -> float:
     """How much of [start, end] the disjoint sorted ``busy`` intervals cover."""
     first = bisect.bisect_left(busy, (start,)) - 1  # the interval that may straddle ``start``
     total = 0.0
