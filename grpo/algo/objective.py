@@ -167,14 +167,24 @@ def keep_mask_from_threshold(entropy: Tensor, mask: Tensor, threshold: float, mi
 # --- policy loss ----------------------------------------------------------------------------------
 
 
+METRIC_NAMES = ("clip_frac_low", "clip_frac_high", "clip_frac_region", "ratio_mean", "ratio_min", "ratio_max",
+                "kl_mean", "kept_token_frac")
+
+
 @dataclass
 class LossOutput:
     loss: Tensor  # scalar, differentiable w.r.t. logprobs
+    # METRIC_NAMES' values, detached, on the loss's device: reading them waits for the GPU, so a step reads
+    # its micro-batches' values once, after its backward passes (grpo.train.step.policy_updates).
     # clip_frac_low / clip_frac_high / clip_frac_region: fraction of policy tokens where the clip binds
     # (r < 1 - ε_low with A < 0 / r > 1 + ε_high with A > 0 / either); ratio_mean/min/max over policy
     # tokens (1.0 when there are none); kl_mean over response tokens (0.0 without ref_logprobs);
     # kept_token_frac: policy tokens / response tokens.
-    metrics: dict[str, float]
+    metric_values: Tensor
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict(zip(METRIC_NAMES, self.metric_values.tolist()))
 
 
 def loss_normaliser(loss_type: LossType, mask: Tensor, max_completion_length: int | None = None) -> float:
@@ -253,7 +263,7 @@ def grpo_loss(
 
 
 def _metrics(ratio: Tensor, advantages: Tensor, response: Tensor, policy: Tensor, kl: Tensor | None,
-             epsilon_low: float, epsilon_high: float) -> dict[str, float]:
+             epsilon_low: float, epsilon_high: float) -> Tensor:
     adv = advantages[:, None]
     low = (ratio < 1.0 - epsilon_low) & (adv < 0) & policy
     high = (ratio > 1.0 + epsilon_high) & (adv > 0) & policy
@@ -261,7 +271,7 @@ def _metrics(ratio: Tensor, advantages: Tensor, response: Tensor, policy: Tensor
     n_response = response.sum().clamp(min=1)
     has_policy = policy.any()
     one = ratio.new_ones(())
-    values = torch.stack([
+    return torch.stack([  # in METRIC_NAMES' order
         low.sum() / n_policy,
         high.sum() / n_policy,
         (low | high).sum() / n_policy,
@@ -270,7 +280,4 @@ def _metrics(ratio: Tensor, advantages: Tensor, response: Tensor, policy: Tensor
         torch.where(has_policy, ratio.masked_fill(~policy, -torch.inf).max(), one),
         ratio.new_zeros(()) if kl is None else kl.sum() / n_response,  # kl is 0 off the response
         policy.sum() / n_response,
-    ]).tolist()  # one device sync for all metrics
-    names = ("clip_frac_low", "clip_frac_high", "clip_frac_region", "ratio_mean", "ratio_min", "ratio_max",
-             "kl_mean", "kept_token_frac")
-    return dict(zip(names, values))
+    ]).float()

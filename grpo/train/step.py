@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from grpo import distributed
-from grpo.algo.objective import (compute_advantages, entropy_threshold, grpo_loss, keep_mask_from_threshold,
-                                 loss_normaliser, skip_zero_variance)
+from grpo.algo.objective import (METRIC_NAMES, compute_advantages, entropy_threshold, grpo_loss,
+                                 keep_mask_from_threshold, loss_normaliser, skip_zero_variance)
 from grpo.config import TrainParams
 from grpo.microbatch import micro_batches, phase_peak_memory
 from grpo.model.lora import lora_disabled
@@ -75,23 +75,26 @@ class TrainBatch:
     response_mask: torch.Tensor  # [B, response_width] float, 1 on sampled tokens
     truncated: torch.Tensor  # [B] bool, finish_reason == "length"
     prompt_width: int
+    # [B] sampled tokens a row, kept on the CPU by ``to``: a micro-batch's width without waiting for the GPU
+    response_lengths: torch.Tensor
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, rows: slice | torch.Tensor) -> TrainBatch:
         """A micro-batch; trailing all-pad response columns are cut so short rows cost nothing."""
-        mask = self.response_mask[rows]
-        width = int(mask.sum(0).nonzero().max().item()) + 1 if mask.any() else 1
+        lengths = self.response_lengths[rows]
+        width = max(1, int(lengths.max())) if len(lengths) else 1
         end = self.prompt_width + width
         return TrainBatch(
             input_ids=self.input_ids[rows, :end],
             attention_mask=self.attention_mask[rows, :end],
             position_ids=self.position_ids[rows, :end],
             response_ids=self.response_ids[rows, :width],
-            response_mask=mask[:, :width],
+            response_mask=self.response_mask[rows, :width],
             truncated=self.truncated[rows],
             prompt_width=self.prompt_width,
+            response_lengths=lengths,
         )
 
     def to(self, device: torch.device) -> TrainBatch:
@@ -99,6 +102,7 @@ class TrainBatch:
             *(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
                                      self.response_ids, self.response_mask, self.truncated)),
             prompt_width=self.prompt_width,
+            response_lengths=self.response_lengths,
         )
 
 
@@ -126,6 +130,7 @@ def build_batch(completions: list[Completion], pad_id: int) -> TrainBatch:
         response_mask=torch.tensor(response_masks, dtype=torch.float32),
         truncated=torch.tensor([c.finish_reason == "length" for c in completions]),
         prompt_width=prompt_width,
+        response_lengths=torch.tensor([len(c.token_ids) for c in completions], dtype=torch.long),
     )
 
 
@@ -192,7 +197,11 @@ def _pad_to(values: torch.Tensor, batch: TrainBatch) -> torch.Tensor:
 
 def policy_updates(ctx: StepContext, batch: TrainBatch, advantages: torch.Tensor,
                    pre: dict[str, torch.Tensor], step: int) -> dict[str, float]:
-    """μ optimiser updates on one rollout batch; returns the last update's metrics."""
+    """μ optimiser updates on one rollout batch; returns the last update's metrics.
+
+    Nothing in the micro-batch loop waits for the GPU: the batch and every per-token tensor go to the
+    device once, widths come from the CPU's response lengths, and the metrics stay on the device until
+    the optimiser step; so the host queues the next micro-batch while the GPU still runs the last."""
     p = ctx.params
     loss_mask = batch.response_mask.clone()
     if p.mask_truncated_completions:
@@ -207,42 +216,54 @@ def policy_updates(ctx: StepContext, batch: TrainBatch, advantages: torch.Tensor
     # the gradient; see grpo.algo.objective on gradient accumulation.
     # [data parallel] summed over ranks: each rank's loss is its share of the step's loss
     denominator = distributed.all_reduce_sum(loss_normaliser(p.loss_type, loss_mask, p.max_response_length))
+    device = ctx.parts.device
+    on_device = batch.to(device)
+    per_token = {name: t.to(device) for name, t in {**pre, "loss_mask": loss_mask, "keep": keep}.items()
+                 if name != "entropy" and t is not None}
+    advantages = advantages.to(device)
     totals: dict[str, float] = {}
     for _ in range(p.num_iterations):
         ctx.parts.optimizer.zero_grad(set_to_none=True)
-        metrics_parts: list[tuple[int, dict[str, float]]] = []
+        metrics_parts: list[tuple[int, torch.Tensor]] = []
 
         for chunk in micro_batches(len(batch), ctx.parts.sizes["train"], ctx.parts.hook, step=step,
                                    params_with_grad=ctx.parts.lora_params):
             with chunk:
                 sl = chunk.slice
-                mb = batch.select(sl).to(ctx.parts.device)
+                mb = on_device.select(sl)
                 width = mb.response_ids.shape[1]
+                cut = {name: t[sl, :width] for name, t in per_token.items()}
                 lp, entropy = token_logprobs(ctx, mb, entropy=True)
                 out = grpo_loss(
-                    lp,
-                    pre["old"][sl, :width].to(ctx.parts.device) if "old" in pre else None,
-                    advantages[sl].to(ctx.parts.device),
-                    loss_mask[sl, :width].to(ctx.parts.device),
+                    lp, cut.get("old"), advantages[sl], cut["loss_mask"],
                     loss_type=p.loss_type,
                     epsilon_low=p.epsilon_low, epsilon_high=p.epsilon_high, delta=p.delta, beta=p.beta,
-                    ref_logprobs=pre["ref"][sl, :width].to(ctx.parts.device) if "ref" in pre else None,
+                    ref_logprobs=cut.get("ref"),
                     max_completion_length=p.max_response_length,
                     num_items_in_batch=denominator,
-                    entropy_keep_mask=None if keep is None else keep[sl, :width].to(ctx.parts.device),
+                    entropy_keep_mask=cut.get("keep"),
                 )
                 out.loss.backward()
-                response = mb.response_mask.bool()
-                out.metrics["entropy_mean"] = float(entropy.detach()[response].mean()) if response.any() else 0.0
-                metrics_parts.append((len(chunk.rows), out.metrics))
+                entropy_mean = masked_mean(entropy.detach(), mb.response_mask)
+                metrics_parts.append((len(chunk.rows), torch.cat([out.metric_values, entropy_mean[None]])))
         distributed.all_reduce_gradients(ctx.parts.lora_params)  # [data parallel] the step's gradient
         with torch.profiler.record_function("grpo/optimizer"):
             grad_norm = torch.nn.utils.clip_grad_norm_(ctx.parts.lora_params, p.grad_clip)
             ctx.parts.optimizer.step()
             ctx.parts.scheduler.step()
-        totals = data_parallel.mean_over_rows(metrics_parts)  # [data parallel] every rank's rows
+        values = torch.stack([v for _, v in metrics_parts]).tolist()  # the loop's one wait for the GPU
+        names = (*METRIC_NAMES, "entropy_mean")
+        parts = [(rows, dict(zip(names, v))) for (rows, _), v in zip(metrics_parts, values)]
+        totals = data_parallel.mean_over_rows(parts)  # [data parallel] every rank's rows
         totals["grad_norm"] = float(grad_norm)
     return totals
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``values`` where ``mask`` is 1, as a device scalar (0 where there is none)."""
+    count = mask.sum()
+    total = torch.where(mask.bool(), values.float(), 0.0).sum()
+    return torch.where(count > 0, total / count.clamp(min=1), 0.0)
 
 
 def grpo_step(ctx: StepContext, prompts: list[dict], step: int) -> tuple[dict[str, float], Rollouts, list[dict]]:

@@ -6,7 +6,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from grpo.rollout.base import Completion
-from grpo.train.step import build_batch, response_hidden_states
+from grpo.train.step import build_batch, masked_mean, response_hidden_states
 
 PAD, EOS = 0, 2
 
@@ -30,6 +30,31 @@ def test_select_trims_unused_response_columns():
     micro = batch.select(slice(0, 1))
     assert micro.response_ids.tolist() == [[3, EOS]]
     assert micro.input_ids.shape[1] == batch.prompt_width + 2
+
+
+def test_select_width_from_the_cpu_lengths_is_the_masks_last_response_column():
+    """``select`` reads its width from the CPU's response lengths (no wait for the GPU): the same width as the
+    last column where the micro-batch's response mask has a token, for every slice, empty responses too."""
+    torch.manual_seed(1)
+    rows = [completion([1] * int(n), [3] * int(m)) for n, m in zip(torch.randint(1, 6, (9,)), torch.randint(0, 8, (9,)))]
+    batch = build_batch(rows, PAD)
+    for lo in range(9):
+        for hi in range(lo + 1, 10):
+            mask = batch.response_mask[lo:hi]
+            by_mask = int(mask.sum(0).nonzero().max()) + 1 if mask.any() else 1
+            micro = batch.select(slice(lo, hi))
+            assert micro.response_ids.shape[1] == micro.response_mask.shape[1] == by_mask
+            assert micro.response_lengths.tolist() == [len(r.token_ids) for r in rows[lo:hi]]
+    assert batch.to(torch.device("meta")).response_lengths.device.type == "cpu"
+
+
+def test_masked_mean_is_the_mean_of_the_selected_values():
+    values = torch.randn(4, 6)
+    values[0, 5] = float("inf")  # off the mask: never read
+    mask = (torch.rand(4, 6) > 0.4).float()
+    mask[0, 5] = 0.0
+    torch.testing.assert_close(masked_mean(values, mask), values[mask.bool()].mean())
+    assert masked_mean(values, torch.zeros(4, 6)).item() == 0.0
 
 
 def test_batched_logprobs_equal_single_row_logprobs(tiny_model_dir):
