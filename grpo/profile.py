@@ -40,19 +40,30 @@ PHASES = ("generate", "score", "train", "train_micro_batch", "optimizer")
 GIB = 2**30
 
 
+def memory_history_safe(raw: dict) -> bool:
+    """Whether the allocator's history can be recorded for a run of these params: since torch 2.11 recording
+    it makes compiled code inside an activation checkpoint fail ("apply of FunctionMeta returned NULL
+    without setting an exception", pytorch/pytorch#179536), which is what ``train.compile_layers`` with
+    ``train.gradient_checkpointing`` runs; such a profile has a trace and phases but no memory snapshot."""
+    train = raw.get("train") or {}
+    return not (train.get("compile_layers") and train.get("gradient_checkpointing", True))
+
+
 @contextmanager
-def profiled(out: Path, cuda: bool, measured_steps: int) -> Iterator[None]:
+def profiled(out: Path, cuda: bool, measured_steps: int, memory: bool = True) -> Iterator[None]:
     """Profile the stage run in the block into ``out``: the loading and the warm-up step are skipped (the
-    schedule advances as each training step starts), the next ``measured_steps`` steps are traced. The
-    memory snapshot covers the whole run."""
+    schedule advances as each training step starts), the next ``measured_steps`` steps are traced. On CUDA
+    with ``memory``, the memory snapshot covers the whole run (see ``memory_history_safe``)."""
     import torch
 
     from grpo.microbatch import STEP_START_HOOKS
 
     out.mkdir(parents=True, exist_ok=True)
+    (out / "profile_meta.json").write_text(json.dumps({"cuda": cuda, "memory_history": cuda and memory}))
     activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
     live = LiveMemory()
-    if cuda:
+    cuda_memory = cuda and memory
+    if cuda_memory:
         torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")  # C++ stacks: too big
         STEP_START_HOOKS.append(live)
     schedule = torch.profiler.schedule(wait=2, warmup=0, active=measured_steps, repeat=1)  # 0: loading, 1: warm-up
@@ -62,7 +73,7 @@ def profiled(out: Path, cuda: bool, measured_steps: int) -> Iterator[None]:
             yield
         finally:
             STEP_START_HOOKS.remove(prof.step)
-            if cuda:  # before the profiler's own processing: the history's time axis ends with the run
+            if cuda_memory:  # before the profiler's own processing: the history's time axis ends with the run
                 STEP_START_HOOKS.remove(live)
                 torch.cuda.memory._dump_snapshot(str(out / "memory_snapshot.pickle"))
                 torch.cuda.memory._record_memory_history(enabled=None)
@@ -72,7 +83,7 @@ def profiled(out: Path, cuda: bool, measured_steps: int) -> Iterator[None]:
         shutil.copyfileobj(src, dst)
     trace.unlink()
     (out / "phase_events.json").write_text(json.dumps(phase_times(prof.events())))
-    if cuda:
+    if cuda_memory:
         (out / "live_memory.json").write_text(json.dumps(live.steps))
 
 
@@ -261,18 +272,21 @@ def main(argv: list[str] | None = None) -> int:
     if outcome.status not in ("ok", "oom") or not (out / "phase_events.json").exists():
         print(f"error: the profiled run {outcome.status}: {outcome.detail}", file=sys.stderr)
         return 1
-    cuda = (out / "memory_snapshot.pickle").exists()
+    meta = json.loads((out / "profile_meta.json").read_text())
+    cuda, memory = meta["cuda"], meta["memory_history"]
     rows = phase_table(json.loads((out / "phase_events.json").read_text()), steps, args.steps)
     lines = format_table(rows, cuda) + [f"step: {outcome.speed:.3f} s (median of {args.steps} after the warm-up)"
                                         if outcome.speed else "step: not measured"]
-    if cuda:
+    if cuda and not memory:
+        lines.append("no memory snapshot: train.compile_layers under gradient checkpointing (pytorch#179536)")
+    if memory:
         span, peak = memory_png(out / "memory_snapshot.pickle", out / "memory.png")
         lines.append(f"memory.png: the allocator's last {span:.0f} s, peak {peak:.2f} GiB allocated in them")
         lines += live_table(json.loads((out / "live_memory.json").read_text()))
     (out / "phases.json").write_text(json.dumps({"rows": rows, "step_s": outcome.speed, "outcome": outcome.status}))
     (out / "phases.txt").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
-    extra = ", memory_snapshot.pickle, memory.png, live_memory.json" if cuda else ""
+    extra = ", memory_snapshot.pickle, memory.png, live_memory.json" if memory else ""
     print(f"wrote {out}/: trace.json.gz{extra}, phases.txt")
     return 0
 

@@ -360,6 +360,18 @@ def test_profile_writes_a_trace_with_labelled_phases_and_a_table(prepared_projec
     assert "phase" in printed and "trace.json.gz" in printed
 
 
+def test_memory_history_is_left_off_where_it_breaks_compiled_layers_under_checkpointing():
+    """pytorch#179536 (torch 2.11): recording the allocator's history fails compiled code inside an activation
+    checkpoint, which train.compile_layers with gradient checkpointing is; any other combination records."""
+    from grpo.profile import memory_history_safe
+
+    assert not memory_history_safe({"train": {"compile_layers": True, "gradient_checkpointing": True}})
+    assert not memory_history_safe({"train": {"compile_layers": True}})  # checkpointing is on by default
+    assert memory_history_safe({"train": {"compile_layers": True, "gradient_checkpointing": False}})
+    assert memory_history_safe({"train": {"compile_layers": False, "gradient_checkpointing": True}})
+    assert memory_history_safe({})
+
+
 def test_phase_times_are_host_ranges_and_the_device_busy_inside_them():
     """On CUDA the profiler lists a label as its host range and again as GPU-timeline pieces; only the
     host range is the phase. Its GPU time is the union of the device's kernel intervals inside its

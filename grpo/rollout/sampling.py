@@ -52,7 +52,8 @@ def hash_bits(x: Tensor) -> Tensor:
     """The mixer on int32 bit patterns: int32 sums and products wrap mod 2**32 as unsigned ones do, and a
     logical right shift is the arithmetic one with the sign's copies masked off. In int32, not int64:
     the per-token noise hashes every vocabulary entry of every row, and 64-bit integer products are
-    several instructions each on a GPU (the compiled sampler of a 64-row step took 84 µs on an H100)."""
+    several instructions each on a GPU (the compiled sampler of a 64-row step: 84 µs on an H100 in int64,
+    78 in int32, bench/RESULTS.md)."""
     x = x ^ ((x >> 16) & 0xFFFF)
     x = x * _M1
     x = x ^ ((x >> 15) & 0x1FFFF)

@@ -231,9 +231,10 @@ def _child(argv: list[str]) -> int:
     sys.argv = [f"stages/{stage[0]}.py"] + stage[1:]
     try:
         if args.profile:
-            from grpo.profile import profiled
+            from grpo.profile import memory_history_safe, profiled
 
-            with profiled(args.profile, cuda, args.profile_steps):
+            memory = memory_history_safe(yaml.safe_load(Path("params.yaml").read_text()))  # the scratch project's
+            with profiled(args.profile, cuda, args.profile_steps, memory):
                 _run_stage(stage[0])
         else:
             _run_stage(stage[0])

@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from grpo.rollout.sampling import MASK32, gumbel_noise, hash32, mix, row_keys, sample, vocab_offsets
+from grpo.rollout.sampling import (MASK32, as_bits, gumbel_noise, hash32, hash_bits, mix, row_keys, sample,
+                                   vocab_offsets)
 
 LOGITS = [1.2, -0.4, 0.3, 2.0, -1.5, 0.9]  # distinct, so top-k and top-p have no ties
 # chi-square quantiles at 0.999, by degrees of freedom
@@ -137,17 +138,36 @@ def test_hash_matches_unsigned_32_bit_arithmetic_at_the_edges():
     assert hash32(torch.tensor(values)).tolist() == [lowbias32(v) for v in values]
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="the compiled GPU sampler needs CUDA"))])
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                               reason="the compiled GPU sampler needs CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_hash_bits_are_the_unsigned_arithmetic_on_every_device(device):
+    """The int32 mixer eager and through inductor, on the CPU and on CUDA: the reference's integers exactly."""
+    values = [0, 1, 2**31 - 1, 2**31, 2**32 - 1] + \
+        torch.randint(0, 2**32, (500,), generator=torch.Generator().manual_seed(2)).tolist()
+    expected = [lowbias32(v) for v in values]
+    bits = as_bits(torch.tensor(values, device=device))
+    assert (hash_bits(bits).long() & MASK32).tolist() == expected
+    assert (torch.compile(hash_bits, dynamic=False)(bits).long() & MASK32).tolist() == expected
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_noise_matches_the_reference_eager_and_compiled(device):
-    """Against the Python-integer reference: eager bit for bit; through inductor (whose int32 overflow
-    must wrap as the reference's masked arithmetic does) within its own logarithm's rounding, 5e-7 here,
-    where one wrong product would move entries by whole units."""
+    """Against the Python-integer reference: eager on the CPU bit for bit; on CUDA (whose logf rounds
+    differently from the CPU's: seen on an H100) and through inductor (whose int32 overflow must wrap as
+    the reference's masked arithmetic does) within the logarithms' rounding, 5e-7 here, where one wrong
+    product would move entries by whole units. The hashes themselves are integers: equal on every device
+    (``test_hash_bits_are_the_unsigned_arithmetic_on_every_device``)."""
     keys = row_keys(7, torch.tensor([0, 3, 2**20]), torch.tensor([1, 0, 5]))
     positions = torch.tensor([0, 9, 700])
     vocab = 3_000
     expected = reference_noise(keys, positions, vocab)
     args = (keys.to(device), positions.to(device), vocab_offsets(vocab, device))
-    assert torch.equal(gumbel_noise(*args).cpu(), expected)
+    eager = gumbel_noise(*args).cpu()
+    if device == "cpu":
+        assert torch.equal(eager, expected)
+    torch.testing.assert_close(eager, expected, rtol=1e-5, atol=1e-5)
     compiled = torch.compile(gumbel_noise, dynamic=False)(*args).cpu()
     torch.testing.assert_close(compiled, expected, rtol=1e-5, atol=1e-5)
