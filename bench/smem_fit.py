@@ -100,11 +100,10 @@ def swiglu_dense_options(dtype: str, rows: int = 64) -> list[tuple[dict, tuple]]
     options and (kernel, signature, constexprs). Also tests/kernels/test_compile.py."""
     t = "fp32" if dtype == "float32" else "bf16"
     signature = {"x_ptr": f"*{t}", "stride_xm": "i32", "w_ptr": f"*{t}", "out_ptr": f"*{t}", "stride_om": "i32",
-                 "M": "i32", "N": "i32", "K": "i32", "eps": "fp32"}
+                 "M": "i32", "N": "i32", "K": "i32"}
     return [({"num_stages": stages, "num_warps": 4},
              (swiglu_dense._swiglu_dense_kernel, signature,
-              {"BLOCK_M": rows, "BLOCK_N": swiglu_dense.BLOCK_N, "BLOCK_K": block_k, "DOT_IEEE": dtype == "float32",
-               "NORM": True}))  # the decoder's launch: the post-attention norm folded in
+              {"BLOCK_M": rows, "BLOCK_N": swiglu_dense.BLOCK_N, "BLOCK_K": block_k, "DOT_IEEE": dtype == "float32"}))
             for block_k, stages in swiglu_dense.OPTIONS]
 
 

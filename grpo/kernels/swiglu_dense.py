@@ -28,16 +28,14 @@ if triton is not None:
     from grpo.kernels.matmul_4bit import dot_acc, swiglu_rounded
 
     @triton.jit
-    def _swiglu_dense_kernel(x_ptr, stride_xm, w_ptr, out_ptr, stride_om, M, N, K, eps, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_IEEE: tl.constexpr,
-                             NORM: tl.constexpr):
+    def _swiglu_dense_kernel(x_ptr, stride_xm, w_ptr, out_ptr, stride_om, M, N, K, BLOCK_M: tl.constexpr,
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_IEEE: tl.constexpr):
         # out^T = W x^T, so W is the left operand: a program streams its 64 weight rows once for all of x's rows
         pid_n, pid_m = tl.program_id(0), tl.program_id(1)
         m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         gate = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
         up = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
-        squares = tl.zeros([BLOCK_K, BLOCK_M], tl.float32)
         for kb in range(0, K // BLOCK_K):
             k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
             x_t = tl.load(x_ptr + m[None, :].to(tl.int64) * stride_xm + k[:, None], mask=m[None, :] < M, other=0.0)
@@ -46,11 +44,6 @@ if triton is not None:
             w_up = tl.load(w + N * K, mask=n[:, None] < N, other=0.0)
             gate = dot_acc(w_gate, x_t, gate, DOT_IEEE)
             up = dot_acc(w_up, x_t, up, DOT_IEEE)
-            if NORM:  # the RMS of x's rows from the tiles the loop loads anyway, summed across once at the end
-                squares += x_t.to(tl.float32) * x_t.to(tl.float32)  # (a sum across each tile cost ~2 µs a layer)
-        if NORM:  # RMSNorm(x) W^T = (x (γ W)^T) / rms(x): the norm's weight is in W's columns (fold_norm)
-            scale = 1.0 / tl.sqrt(tl.sum(squares, axis=0) / K + eps)
-            gate, up = gate * scale[None, :], up * scale[None, :]
         act = swiglu_rounded(gate, up, x_ptr.dtype.element_ty)
         out = out_ptr + m[None, :].to(tl.int64) * stride_om + n[:, None]
         tl.store(out, act.to(out_ptr.dtype.element_ty), mask=(n[:, None] < N) & (m[None, :] < M))
@@ -66,19 +59,8 @@ def block_k_divides(k: int) -> bool:
     return all(k % block_k == 0 for block_k, _ in OPTIONS)
 
 
-def fold_norm(weight: Tensor, norm_weight: Tensor) -> Tensor:
-    """``weight`` [N, K] with an RMSNorm's weight [K] multiplied into its columns: what ``swiglu_dense`` with
-    ``norm_eps`` reads, so that the norm needs no kernel of its own."""
-    return weight * norm_weight.to(weight.dtype)  # each product rounded once to the weight's dtype
-
-
-def swiglu_dense(x: Tensor, gate_up: Tensor, norm_eps: float | None = None) -> Tensor:
-    """``F.silu(x @ Wg^T) * (x @ Wu^T)`` for ``gate_up`` = [Wg; Wu] ([2I, K], row-major): [..., I].
-
-    With ``norm_eps``, of RMSNorm(x) instead: ``gate_up`` is then ``fold_norm(W, norm weight)`` and each
-    row's sum of squares comes from the x tiles the kernel reads anyway; the products are scaled by
-    1 / rms in fp32 before their rounding (the dense decoder rounds the normalised x, then the weight
-    times it, in the compute dtype: the same values to that dtype's rounding)."""
+def swiglu_dense(x: Tensor, gate_up: Tensor) -> Tensor:
+    """``F.silu(x @ Wg^T) * (x @ Wu^T)`` for ``gate_up`` = [Wg; Wu] ([2I, K], row-major): [..., I]."""
     rows = x.reshape(-1, x.shape[-1]).contiguous()
     n, k = gate_up.shape[0] // 2, gate_up.shape[1]
     if not block_k_divides(k) or not gate_up.is_contiguous():
@@ -89,12 +71,10 @@ def swiglu_dense(x: Tensor, gate_up: Tensor, norm_eps: float | None = None) -> T
     def launch(option: tuple[int, int]) -> Tensor:
         block_k, stages = option
         _swiglu_dense_kernel[(triton.cdiv(n, BLOCK_N), triton.cdiv(rows.shape[0], block_m))](
-            rows, rows.stride(0), gate_up, out, out.stride(0), rows.shape[0], n, k, norm_eps or 0.0, BLOCK_M=block_m,
-            BLOCK_N=BLOCK_N, BLOCK_K=block_k,
+            rows, rows.stride(0), gate_up, out, out.stride(0), rows.shape[0], n, k, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
             # fp32: exact (not TF32) products; so does everything under the interpreter (numpy has no bf16)
-            DOT_IEEE=x.dtype == torch.float32 or _interpreting(), NORM=norm_eps is not None, num_warps=4,
-            num_stages=stages)
+            BLOCK_K=block_k, DOT_IEEE=x.dtype == torch.float32 or _interpreting(), num_warps=4, num_stages=stages)
         return out
 
-    first_that_loads(("swiglu_dense", x.device, x.dtype, block_m, norm_eps is not None), OPTIONS, launch)
+    first_that_loads(("swiglu_dense", x.device, x.dtype, block_m), OPTIONS, launch)
     return out.view(*x.shape[:-1], n)

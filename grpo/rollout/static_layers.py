@@ -11,9 +11,8 @@ A layer is split where the attention goes:
 - ``output_and_mlp``: output projection, residual, norm, SwiGLU MLP; its output is added by the next
   layer's ``qkv_projection``, so that residual add and norm are one kernel. With a 4-bit MLP read
   directly (``Mlp4bit``), ``output_projection`` stops at the norm and the MLP is two Triton kernels; with
-  the fused dense gate/up (``DenseMlp``, where Triton runs) it stops before the norm (the residual is the
-  output projection's accumulator: one cuBLAS call), and a decode step's norm, gate, up and SwiGLU are one
-  Triton kernel (the norm's weight folded into the gate/up copy) before cuBLAS's down projection.
+  the fused dense gate/up (``DenseMlp``, where Triton runs) it stops there too, and a decode step's gate,
+  up and SwiGLU are one Triton kernel before cuBLAS's down projection.
 
 Weights: every linear layer runs as a dense matmul in the compute dtype, except a 4-bit MLP read in 4
 bits (``read_4bit_mlp``: a decode step reads 3.5x fewer bytes of it, and no copy is made). A
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from grpo.kernels.matmul_4bit import Weight4bit, matmul_4bit, reference_mlp, swiglu_4bit
-from grpo.kernels.swiglu_dense import block_k_divides, fold_norm, swiglu_dense
+from grpo.kernels.swiglu_dense import block_k_divides, swiglu_dense
 from grpo.model.dequant import dequantized
 from grpo.model.lora import LoRALinear
 
@@ -60,13 +59,9 @@ def _lora_on(module: torch.nn.Module) -> bool:
 
 def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """HF's Qwen2/Llama RMSNorm, op for op (fp32 statistics, cast back, then scale)."""
-    return weight * _unit_rms(x, eps)
-
-
-def _unit_rms(x: Tensor, eps: float) -> Tensor:
-    """RMSNorm without its weight (a ``fold_norm``ed matmul carries it)."""
     h = x.float()
-    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
 
 
 def qkv_projection(x: Tensor, delta: Tensor | None, w: tuple, eps: float) -> tuple[Tensor, Tensor]:
@@ -124,17 +119,14 @@ def torch_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tenso
 
 
 def output_projection(x: Tensor, a: Tensor, w: tuple, eps: float) -> tuple[Tensor, Tensor]:
-    """Layer part 2 up to the MLP: output projection of the attention ``a`` (+ LoRA), residual, norm
-    (none where the norm's weight is None: a ``DenseMlp`` that folds it in normalises the residual itself).
+    """Layer part 2 up to the MLP: output projection of the attention ``a`` (+ LoRA), residual, norm.
     Returns the residual stream and the MLP's input."""
     o_w, o_b, lora_a, lora_b, ln2 = w[:5]
-    # the residual as the matmul's accumulator (cuBLAS's beta = 1): no add kernel of its own once compiled
-    x = torch.addmm(x.reshape(-1, x.shape[-1]), a.reshape(-1, a.shape[-1]), o_w.t()).view(x.shape)
-    if o_b is not None:
-        x = x + o_b
+    o = F.linear(a, o_w, o_b)
     if lora_a is not None:
-        x = x + F.linear(F.linear(a.float(), lora_a), lora_b).to(x.dtype)
-    return x, (x if ln2 is None else _rms(x, ln2, eps))
+        o = o + F.linear(F.linear(a.float(), lora_a), lora_b).to(o.dtype)
+    x = x + o
+    return x, _rms(x, ln2, eps)
 
 
 def output_and_mlp(x: Tensor, a: Tensor, w: tuple, eps: float) -> tuple[Tensor, Tensor]:
@@ -170,19 +162,16 @@ class Mlp4bit:
 
 @dataclass(frozen=True)
 class DenseMlp:
-    """A SwiGLU MLP from the decoder's dense copies, gate and up concatenated [2I, H] with the layer's
-    post-attention norm folded in (``fold_norm``): it takes the residual stream. A decode step's norm,
-    gate, up and SwiGLU are one Triton kernel (grpo/kernels/swiglu_dense.py), a prompt's pass the norm and
-    cuBLAS matmuls."""
+    """A SwiGLU MLP from the decoder's dense copies, gate and up concatenated [2I, H]: a decode step's gate,
+    up and SwiGLU in one Triton kernel (grpo/kernels/swiglu_dense.py), a prompt's pass as cuBLAS matmuls."""
 
     gate_up: Tensor
     down: Tensor
-    eps: float
 
-    def __call__(self, x: Tensor) -> Tensor:
-        if x.shape[1] == 1:  # [B, 1, H]: a decode step
-            return F.linear(swiglu_dense(x, self.gate_up, self.eps), self.down)
-        return swiglu_mlp(_unit_rms(x, self.eps), (self.gate_up,), self.down)
+    def __call__(self, h: Tensor) -> Tensor:
+        if h.shape[1] == 1:  # [B, 1, H]: a decode step
+            return F.linear(swiglu_dense(h, self.gate_up), self.down)
+        return swiglu_mlp(h, (self.gate_up,), self.down)
 
 
 MLP_KERNELS = (Mlp4bit, DenseMlp)  # MLPs that run outside the compiled layer part (they launch Triton kernels)
@@ -237,9 +226,7 @@ def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, 
     copied = any(id(_base(m)) in quantised or _lora_on(m) for m in gate_up)
     gate_up_w = (torch.cat([merged(m) for m in gate_up]),) if copied else tuple(merged(m) for m in gate_up)
     if fused_mlp and copied and block_k_divides(gate_up_w[0].shape[1]):
-        norm = layer.post_attention_layernorm  # folded into gate/up: the kernel normalises, no norm kernel
-        return part1, (*attention_out[:-1], None, DenseMlp(fold_norm(gate_up_w[0], norm.weight),
-                                                           merged(mlp.down_proj), float(norm.variance_epsilon)))
+        return part1, (*attention_out, DenseMlp(gate_up_w[0], merged(mlp.down_proj)))
     return part1, (*attention_out, gate_up_w, merged(mlp.down_proj))
 
 

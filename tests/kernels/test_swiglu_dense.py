@@ -17,7 +17,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 
 def test_kernel_under_interpreter():
-    run_under_interpreter(__file__, passed=7)
+    run_under_interpreter(__file__, passed=4)
 
 
 def _reference(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
@@ -43,29 +43,6 @@ def test_matches_silu_gate_times_up(rows, n, k, dtype):
     assert got.shape == (rows, 1, n) and got.dtype == dtype
     close = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
     torch.testing.assert_close(got[:, 0].float(), _reference(x, gate_up), **close)
-
-
-@pytest.mark.parametrize("rows,n,k,dtype", [
-    (3, 80, 128, torch.float32),
-    (40, 192, 256, torch.float32),
-    (64, 128, 192, torch.bfloat16),
-])
-def test_with_the_norm_folded_in_matches_the_norm_then_the_mlp(rows, n, k, dtype):
-    """``norm_eps``: the residual x in, gate/up ``fold_norm``ed: HF's RMSNorm (fp32 statistics, rounded, times
-    its weight) and then the kernel's reference, to fp32's (1e-5) or bf16's rounding."""
-    from grpo.kernels.swiglu_dense import fold_norm, swiglu_dense
-
-    device, eps = kernel_device(), 1e-6
-    g = torch.Generator().manual_seed(1)
-    gate_up = (torch.randn(2 * n, k, generator=g) * 0.05).to(device=device, dtype=dtype)
-    norm_weight = (1 + 0.5 * torch.randn(k, generator=g)).to(device=device, dtype=dtype)
-    x = (3 * torch.randn(rows, k, generator=g)).to(device=device, dtype=dtype)
-    x[0] *= 40  # rows of very different scales: the 1 / rms is each row's own
-    h = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)
-    normed = norm_weight * h.to(dtype)
-    got = swiglu_dense(x[:, None], fold_norm(gate_up, norm_weight), norm_eps=eps)
-    close = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 3e-2, "atol": 3e-2}
-    torch.testing.assert_close(got[:, 0].float(), _reference(normed, gate_up), **close)
 
 
 def test_a_k_its_blocks_do_not_divide_is_refused():
