@@ -62,74 +62,76 @@ def generate_groups(ctx: StepContext, prompts: list[dict], step: int, first_prom
 # --- training tensors ------------------------------------------------------------------------------
 # Turn rollouts into training tensors without re-tokenising anything.
 #
-# Layout of one row: ``[left pads][prompt ids][sampled response ids, EOS included][right pads]``.
-# Every response starts in the same column (``prompt_width``), so the loss reads one contiguous slice of
-# hidden states; no pad ever sits between a prompt and its response, and position ids count real tokens
-# only (``cumsum(attention_mask) - 1``), so each row sees the positions it had during generation.
+# Layout of one row: ``[prompt ids][sampled response ids, EOS included][pads]``, padded on the right only.
+# So the decoder runs with a causal mask and no attention mask at all: a real token's past is all real
+# (pads come after every real token of their row), position ids are 0, 1, 2, ... as in generation, and
+# PyTorch's SDPA runs its flash/cuDNN kernels. A padding mask sent it to the memory-efficient kernel over
+# every position pair: 25% of an H100's training phase at the 8 GB preset's shape (bench/RESULTS.md).
+# The loss reads each row's response states at its own offset (``response_index``).
 @dataclass
 class TrainBatch:
-    input_ids: torch.Tensor  # [B, prompt_width + response_width]
-    attention_mask: torch.Tensor  # [B, W] 1 for real tokens
-    position_ids: torch.Tensor  # [B, W]
+    input_ids: torch.Tensor  # [B, W] prompt, response, then pads
     response_ids: torch.Tensor  # [B, response_width] the sampled ids, pad after EOS
     response_mask: torch.Tensor  # [B, response_width] float, 1 on sampled tokens
+    # [B, response_width] the column whose state predicts each response token (its row's last prompt
+    # column + j), clamped into the row where the response has ended
+    response_index: torch.Tensor
     truncated: torch.Tensor  # [B] bool, finish_reason == "length"
-    prompt_width: int
-    # [B] sampled tokens a row, kept on the CPU by ``to``: a micro-batch's width without waiting for the GPU
+    # [B] tokens a row: kept on the CPU by ``to``, so a micro-batch's widths need no wait for the GPU
+    prompt_lengths: torch.Tensor
     response_lengths: torch.Tensor
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
     def select(self, rows: slice | torch.Tensor) -> TrainBatch:
-        """A micro-batch; trailing all-pad response columns are cut so short rows cost nothing."""
-        lengths = self.response_lengths[rows]
-        width = max(1, int(lengths.max())) if len(lengths) else 1
-        end = self.prompt_width + width
+        """A micro-batch; trailing pad columns are cut so short rows cost nothing."""
+        prompts, responses = self.prompt_lengths[rows], self.response_lengths[rows]
+        if not len(responses):
+            raise ValueError("TrainBatch.select: no rows")
+        width = max(1, int(responses.max()))
+        end = int((prompts + responses).max())
         return TrainBatch(
             input_ids=self.input_ids[rows, :end],
-            attention_mask=self.attention_mask[rows, :end],
-            position_ids=self.position_ids[rows, :end],
             response_ids=self.response_ids[rows, :width],
             response_mask=self.response_mask[rows, :width],
+            response_index=self.response_index[rows, :width].clamp(max=end - 1),
             truncated=self.truncated[rows],
-            prompt_width=self.prompt_width,
-            response_lengths=lengths,
+            prompt_lengths=prompts,
+            response_lengths=responses,
         )
 
     def to(self, device: torch.device) -> TrainBatch:
         return TrainBatch(
-            *(t.to(device) for t in (self.input_ids, self.attention_mask, self.position_ids,
-                                     self.response_ids, self.response_mask, self.truncated)),
-            prompt_width=self.prompt_width,
+            *(t.to(device) for t in (self.input_ids, self.response_ids, self.response_mask, self.response_index,
+                                     self.truncated)),
+            prompt_lengths=self.prompt_lengths,
             response_lengths=self.response_lengths,
         )
 
 
 def build_batch(completions: list[Completion], pad_id: int) -> TrainBatch:
-    """Stack completions (each with its own prompt ids) into one left/right padded batch."""
+    """Stack completions (each with its own prompt ids) into one right-padded batch."""
     if not completions:
         raise ValueError("build_batch: no completions")
-    prompt_width = max(len(c.prompt_ids) for c in completions)
+    if any(not c.prompt_ids for c in completions):
+        raise ValueError("build_batch: a completion has no prompt ids (its first token has no state to come from)")
+    width = max(len(c.prompt_ids) + len(c.token_ids) for c in completions)
     response_width = max(1, max(len(c.token_ids) for c in completions))
-    rows, masks, responses, response_masks = [], [], [], []
+    rows, responses, response_masks, index = [], [], [], []
     for c in completions:
-        left = prompt_width - len(c.prompt_ids)
+        rows.append(list(c.prompt_ids) + list(c.token_ids) + [pad_id] * (width - len(c.prompt_ids) - len(c.token_ids)))
         right = response_width - len(c.token_ids)
-        rows.append([pad_id] * left + list(c.prompt_ids) + list(c.token_ids) + [pad_id] * right)
-        masks.append([0] * left + [1] * (len(c.prompt_ids) + len(c.token_ids)) + [0] * right)
         responses.append(list(c.token_ids) + [pad_id] * right)
         response_masks.append([1.0] * len(c.token_ids) + [0.0] * right)
-    attention_mask = torch.tensor(masks, dtype=torch.long)
-    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        index.append([min(len(c.prompt_ids) - 1 + j, width - 1) for j in range(response_width)])
     return TrainBatch(
         input_ids=torch.tensor(rows, dtype=torch.long),
-        attention_mask=attention_mask,
-        position_ids=position_ids,
         response_ids=torch.tensor(responses, dtype=torch.long),
         response_mask=torch.tensor(response_masks, dtype=torch.float32),
+        response_index=torch.tensor(index, dtype=torch.long),
         truncated=torch.tensor([c.finish_reason == "length" for c in completions]),
-        prompt_width=prompt_width,
+        prompt_lengths=torch.tensor([len(c.prompt_ids) for c in completions], dtype=torch.long),
         response_lengths=torch.tensor([len(c.token_ids) for c in completions], dtype=torch.long),
     )
 
@@ -137,18 +139,13 @@ def build_batch(completions: list[Completion], pad_id: int) -> TrainBatch:
 def response_hidden_states(model, batch: TrainBatch) -> torch.Tensor:
     """Final hidden states at the positions that predict each response token: [B, response_width, H].
 
-    The decoder body runs without the LM head; log-probs are then computed in chunks from these
-    states (grpo.algo.logprobs), so full-vocabulary logits for the batch never exist at once.
+    The decoder body runs without the LM head and without an attention mask (causal only: see the
+    layout above); log-probs are then computed in chunks from these states (grpo.algo.logprobs), so
+    full-vocabulary logits for the batch never exist at once.
     """
-    out = model.get_decoder()(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        position_ids=batch.position_ids,
-        use_cache=False,
-    )
-    hidden = out.last_hidden_state
-    start = batch.prompt_width - 1  # the state at the last prompt token predicts response token 0
-    return hidden[:, start : start + batch.response_ids.shape[1]]
+    hidden = model.get_decoder()(input_ids=batch.input_ids, use_cache=False).last_hidden_state
+    index = batch.response_index[..., None].expand(-1, -1, hidden.shape[-1])
+    return hidden.gather(1, index)
 
 
 # --- the scoring pass and the updates -------------------------------------------------------------

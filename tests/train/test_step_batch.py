@@ -1,7 +1,9 @@
-"""The training batch: sampled ids kept exactly (EOS included), no pad between prompt and response,
-position ids right for every row, so batched log-probs equal each row's log-probs computed alone."""
+"""The training batch: sampled ids kept exactly (EOS included), right-padded (no pad before or inside a row's
+tokens, so the decoder needs no attention mask), each response read at its own row's offset, so batched
+log-probs equal each row's log-probs computed alone."""
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -15,26 +17,33 @@ def completion(prompt: list[int], response: list[int], finish: str = "stop") -> 
     return Completion(prompt_ids=prompt, token_ids=response, text="", finish_reason=finish)
 
 
-def test_layout_keeps_sampled_ids_and_positions():
+def test_layout_keeps_sampled_ids_and_pads_on_the_right():
     batch = build_batch([completion([5, 6, 7], [8, 9, EOS]), completion([5], [8, 9, 10, 11], "length")], PAD)
-    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9, EOS, PAD], [PAD, PAD, 5, 8, 9, 10, 11]]
+    assert batch.input_ids.tolist() == [[5, 6, 7, 8, 9, EOS], [5, 8, 9, 10, 11, PAD]]
     assert batch.response_ids.tolist() == [[8, 9, EOS, PAD], [8, 9, 10, 11]]
     assert batch.response_mask.tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
-    assert batch.position_ids[0, :6].tolist() == [0, 1, 2, 3, 4, 5]
-    assert batch.position_ids[1, 2:].tolist() == [0, 1, 2, 3, 4]
-    assert batch.prompt_width == 3
+    # the state at a row's last prompt token predicts its first response token; past the end: clamped
+    assert batch.response_index.tolist() == [[2, 3, 4, 5], [0, 1, 2, 3]]
+    assert batch.prompt_lengths.tolist() == [3, 1] and batch.truncated.tolist() == [False, True]
 
 
-def test_select_trims_unused_response_columns():
+def test_select_trims_unused_columns():
     batch = build_batch([completion([1, 2], [3, EOS]), completion([1], [3, 4, 5, 6, EOS])], PAD)
     micro = batch.select(slice(0, 1))
     assert micro.response_ids.tolist() == [[3, EOS]]
-    assert micro.input_ids.shape[1] == batch.prompt_width + 2
+    assert micro.input_ids.tolist() == [[1, 2, 3, EOS]]
+    assert micro.response_index.tolist() == [[1, 2]]
 
 
-def test_select_width_from_the_cpu_lengths_is_the_masks_last_response_column():
-    """``select`` reads its width from the CPU's response lengths (no wait for the GPU): the same width as the
-    last column where the micro-batch's response mask has a token, for every slice, empty responses too."""
+def test_an_empty_prompt_is_refused():
+    with pytest.raises(ValueError, match="no prompt ids"):
+        build_batch([completion([], [3, EOS])], PAD)
+
+
+def test_select_widths_come_from_the_cpu_lengths():
+    """``select`` reads its widths from the CPU's lengths (no wait for the GPU): the response width is the
+    last column where the micro-batch's response mask has a token, the input width its longest row, and
+    every index stays inside it, for every slice, empty responses too."""
     torch.manual_seed(1)
     rows = [completion([1] * int(n), [3] * int(m)) for n, m in zip(torch.randint(1, 6, (9,)), torch.randint(0, 8, (9,)))]
     batch = build_batch(rows, PAD)
@@ -44,7 +53,10 @@ def test_select_width_from_the_cpu_lengths_is_the_masks_last_response_column():
             by_mask = int(mask.sum(0).nonzero().max()) + 1 if mask.any() else 1
             micro = batch.select(slice(lo, hi))
             assert micro.response_ids.shape[1] == micro.response_mask.shape[1] == by_mask
-            assert micro.response_lengths.tolist() == [len(r.token_ids) for r in rows[lo:hi]]
+            assert micro.input_ids.shape[1] == max(len(r.prompt_ids) + len(r.token_ids) for r in rows[lo:hi])
+            assert int(micro.response_index.max()) < micro.input_ids.shape[1]
+            for row, got in zip(rows[lo:hi], micro.response_index.tolist()):  # real tokens: exact columns
+                assert got[:len(row.token_ids)] == [len(row.prompt_ids) - 1 + j for j in range(len(row.token_ids))]
     assert batch.to(torch.device("meta")).response_lengths.device.type == "cpu"
 
 
