@@ -8,7 +8,8 @@ Reads the Chrome trace that ``python -m grpo.profile`` writes. For each phase ra
 charged to the host work running at its middle: the innermost CPU event (an aten op, a
 ``record_function`` label, a CUDA runtime call) on the thread that launched the kernel after the gap
 (where the next launch came from is what the device waited for). Prints, per phase, the idle time by
-host event name, and the longest gaps with their host stacks; ``--out`` writes the same as JSON.
+host event name and the kernels' time by name (those that start inside the phase), and keeps the longest
+gaps with their host stacks; ``--out`` writes all of it as JSON.
 """
 from __future__ import annotations
 
@@ -84,10 +85,13 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 15) -> dict
         ranges = [(p["ts"], p["ts"] + p["dur"]) for p in phases if p["name"] == phase]
         wall = sum(b - a for a, b in ranges)
         idle_by: dict[str, float] = defaultdict(float)
+        kernel_us: dict[str, float] = defaultdict(float)
         longest = []
         busy_us = 0.0
         for start, end in ranges:
             busy_us += overlap(busy, start, end)
+            for e in device[bisect.bisect_left(device_starts, start):bisect.bisect_left(device_starts, end)]:
+                kernel_us[e["name"][:100]] += e["dur"]
             for a, b in gaps_in(busy, start, end, min_gap_us):
                 nxt = bisect.bisect_left(device_starts, b)
                 tid = main_tid
@@ -104,6 +108,7 @@ def analyse(events: list[dict], min_gap_us: float = 20.0, top: int = 15) -> dict
             "idle_ms": round((wall - busy_us) / 1e3, 1),
             "idle_by_host_event_ms": {k: round(v / 1e3, 2)
                                       for k, v in sorted(idle_by.items(), key=lambda kv: -kv[1])[:top]},
+            "kernels_ms": {k: round(v / 1e3, 2) for k, v in sorted(kernel_us.items(), key=lambda kv: -kv[1])[:top]},
             "longest_gaps": [{"us": round(d), "at_ms": round((t - ranges[0][0]) / 1e3, 2), "host": s}
                              for d, t, s in longest[:top]],
         }
@@ -121,6 +126,8 @@ def main() -> None:
         print(f"{phase}: {r['count']}x, wall {r['wall_ms']} ms, GPU busy {r['gpu_busy_ms']} ms, idle {r['idle_ms']} ms")
         for name, ms in r["idle_by_host_event_ms"].items():
             print(f"    {ms:9.2f} ms idle while the host ran {name}")
+        for name, ms in r["kernels_ms"].items():
+            print(f"    {ms:9.2f} ms in {name}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
 
