@@ -1,6 +1,6 @@
 """Where a training micro-batch's time goes at the 8 GB preset's shape (issue 18): R1-Distill-Qwen-1.5B shape
 with random weights (bench/r1_model.py), nf4 + LoRA r16 on q/k/v/o, the preset's train params, one
-micro-batch of ``--seqs`` sequences of 128 prompt + 768 response tokens, forward (log-probs and entropy by
+micro-batch of ``--seqs`` sequences of 65-128 prompt + 768 response tokens, forward (log-probs and entropy by
 the step's own backend) + GRPO loss + backward, as ``policy_updates`` runs it.
 
     python3 bench/train_profile.py [--seqs 16] [--variants nf4,dense,layers,nockpt]
@@ -51,9 +51,11 @@ def micro_batch(trainer, seqs: int):
 
     ctx = trainer.ctx
     gen = torch.Generator().manual_seed(0)
-    comps = [Completion(torch.randint(100, 150000, (PROMPT,), generator=gen).tolist(),
+    # prompts of unequal lengths (PROMPT down to PROMPT - 63), as a step's are: equal ones hid what a padding mask
+    # cost the left-padded batches before bbe809a (bench/RESULTS.md, thirteenth session)
+    comps = [Completion(torch.randint(100, 150000, (PROMPT - 7 * i % 64,), generator=gen).tolist(),
                         torch.randint(100, 150000, (RESPONSE,), generator=gen).tolist(), "", "length")
-             for _ in range(seqs)]
+             for i in range(seqs)]
     batch = build_batch(comps, V - 2).to(ctx.parts.device)
     adv = torch.randn(seqs, device=ctx.parts.device)
 

@@ -86,3 +86,22 @@ def test_batched_logprobs_equal_single_row_logprobs(tiny_model_dir):
             start = len(row.prompt_ids) - 1
             expected = alone[start : start + len(row.token_ids)].gather(-1, torch.tensor(row.token_ids)[:, None])[:, 0]
             torch.testing.assert_close(batched[i, : len(row.token_ids)], expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_training_forward_sends_no_mask_to_sdpa(tiny_model_dir, monkeypatch):
+    """Rows of different lengths reach SDPA as causal attention with no mask (on CUDA its flash/cuDNN kernels may
+    run; a padding mask sent it to the memory-efficient kernel). A spy around torch's own SDPA: it still computes."""
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append((kwargs.get("attn_mask", args[3] if len(args) > 3 else None), kwargs.get("is_causal")))
+        return sdpa(*args, **kwargs)
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, attn_implementation="sdpa").eval()
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    batch = build_batch([completion([5, 6, 7, 8], [9, EOS]), completion([5], [9, 10, 11])], PAD)
+    with torch.no_grad():
+        response_hidden_states(model, batch)
+    assert len(seen) == model.config.num_hidden_layers
+    assert all(mask is None and causal for mask, causal in seen)
