@@ -170,10 +170,11 @@ def scoring_pass(ctx: StepContext, batch: TrainBatch, step: int) -> dict[str, to
         return {}
     was_training = ctx.parts.model.training
     ctx.parts.model.eval()  # no dropout: these are the policy's own probabilities
+    on_device = batch.to(ctx.parts.device)  # once, as policy_updates does
 
     for chunk in micro_batches(len(batch), ctx.parts.sizes["score"], ctx.parts.hook, step=step):
         with chunk, torch.no_grad():
-            mb = batch.select(chunk.slice).to(ctx.parts.device)
+            mb = on_device.select(chunk.slice)
             if need_old or need_entropy:
                 lp, ent = token_logprobs(ctx, mb, entropy=need_entropy)
                 out["old"].append(_pad_to(lp, batch))

@@ -132,22 +132,18 @@ def reference_noise(keys: torch.Tensor, positions: torch.Tensor, vocab: int) -> 
     return torch.stack(rows)
 
 
-def test_hash_matches_unsigned_32_bit_arithmetic_at_the_edges():
-    values = [0, 1, 2**15, 2**16 - 1, 2**31 - 1, 2**31, 2**31 + 12345, 2**32 - 1] + \
-        torch.randint(0, 2**32, (200,), generator=torch.Generator().manual_seed(0)).tolist()
-    assert hash32(torch.tensor(values)).tolist() == [lowbias32(v) for v in values]
-
-
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
                                                                reason="the compiled GPU sampler needs CUDA"))]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_hash_bits_are_the_unsigned_arithmetic_on_every_device(device):
-    """The int32 mixer eager and through inductor, on the CPU and on CUDA: the reference's integers exactly."""
-    values = [0, 1, 2**31 - 1, 2**31, 2**32 - 1] + \
+def test_hash_is_the_unsigned_32_bit_arithmetic_on_every_device(device):
+    """``hash32`` (int64 values) and the int32 mixer under it, eager and through inductor, on the CPU and on
+    CUDA: the reference's integers exactly, at the edges of the signed and unsigned ranges and at random."""
+    values = [0, 1, 2**15, 2**16 - 1, 2**31 - 1, 2**31, 2**31 + 12345, 2**32 - 1] + \
         torch.randint(0, 2**32, (500,), generator=torch.Generator().manual_seed(2)).tolist()
     expected = [lowbias32(v) for v in values]
+    assert hash32(torch.tensor(values, device=device)).tolist() == expected
     bits = as_bits(torch.tensor(values, device=device))
     assert (hash_bits(bits).long() & MASK32).tolist() == expected
     assert (torch.compile(hash_bits, dynamic=False)(bits).long() & MASK32).tolist() == expected
@@ -159,7 +155,7 @@ def test_noise_matches_the_reference_eager_and_compiled(device):
     differently from the CPU's: seen on an H100) and through inductor (whose int32 overflow must wrap as
     the reference's masked arithmetic does) within the logarithms' rounding, 5e-7 here, where one wrong
     product would move entries by whole units. The hashes themselves are integers: equal on every device
-    (``test_hash_bits_are_the_unsigned_arithmetic_on_every_device``)."""
+    (``test_hash_is_the_unsigned_32_bit_arithmetic_on_every_device``)."""
     keys = row_keys(7, torch.tensor([0, 3, 2**20]), torch.tensor([1, 0, 5]))
     positions = torch.tensor([0, 9, 700])
     vocab = 3_000
