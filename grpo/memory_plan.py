@@ -13,7 +13,7 @@ stage's params onto them:
   ``sequences`` concurrent sequences (the decoder's slots) has a KV cache of prompt + new tokens, rounded
   up to the cache bucket; ``decode_step`` is one decode step's logits and sampling buffers (attention
   scores over the cache only where the Triton decode-attention kernel cannot take the head layout: it
-  keeps them in registers); ``prefill`` is the prompt pass (the MLP's three intermediates and fp32
+  keeps them in registers, and leaves only the fp32 outputs of a long cache's shares); ``prefill`` is the prompt pass (the MLP's three intermediates and fp32
   attention scores over the prompt, for every prompt token of the ``prefill_rows`` prompts it admits at
   once). HF ``generate`` (off CUDA, or ``generation_backend: hf``) has no decoder copy, an exact-length
   cache and memory-efficient attention.
@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from grpo.config import TrainParams
-from grpo.kernels.decode_attention import layout_supported
+from grpo.kernels.decode_attention import layout_supported, shares_bytes
 from grpo.kernels.matmul_4bit import partial_bytes
 from grpo.rollout.static_decode import CACHE_BUCKET
 
@@ -213,7 +213,9 @@ def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, 
     # a score at a time; HF generate uses memory-efficient SDPA
     attention = arch.num_attention_heads * (2 * 4 + dt) if static_decoder else 0
     fused = layout_supported(arch.head_dim, arch.num_attention_heads // arch.num_key_value_heads)
-    step = logits + (0 if fused else sequences * tokens * attention)
+    # the Triton kernel keeps scores in registers; a long cache read in shares leaves their partial outputs
+    shares = shares_bytes(sequences, arch.num_attention_heads, tokens, arch.head_dim) if static_decoder else 0
+    step = logits + (shares if fused else sequences * tokens * attention)
     if static_decoder and four_bit_mlp:  # the 4-bit kernels' fp32 partial sums, one call's at a time
         step += max(partial_bytes(sequences, shapes[name][1], shapes[name][0], BLOCKSIZE_4BIT, name == "gate_proj",
                                   getattr(torch, dtype)) for name in ("gate_proj", "down_proj"))

@@ -62,8 +62,9 @@ def test_cuda_plan_has_the_static_decoder_and_the_fused_logprob_kernel():
     assert gen.row("decoder_copy") == 73728 * 2
     assert gen.row("dense_copy") == 0  # generate's cached copy is not used, and the decoder frees its own
     assert gen.row("kv_cache") == 8 * 128 * 256  # 40 tokens, the static cache rounded up to its 128-token bucket
-    # the Triton kernel keeps a decode step's attention scores in registers (head_dim 16 is a power of two)
-    assert gen.row("decode_step") == 8 * 1000 * 22
+    # the Triton kernel keeps a decode step's attention scores in registers (head_dim 16 is a power of two);
+    # at most, each of the cache's 128 / 32 blocks of its leanest launch is a share: fp32 outputs + (max, sum)
+    assert gen.row("decode_step") == 8 * 1000 * 22 + 8 * 4 * (128 // 32) * (16 + 2) * 4
     assert gen.row("prefill") == 80 * (3 * 128 * 2 + 10 * 4 * (8 + 2))  # and scores over the 10-token prompt
     assert plan["training"].row("logprob_logits") == 60 * 1000 * 2  # one bf16 buffer in the Triton kernel
     with_o = train_plan(dataclasses.replace(PARAMS, lora=LoraParams(r=4, targets=["q_proj", "o_proj"])), cuda=True)
@@ -159,8 +160,9 @@ def test_decoder_rows_follow_what_the_decoder_copies_and_computes():
     gate = plan_generation(ARCH, lora_targets=("gate_proj",), **shape)
     assert gate["decoder_copy"] == 2 * (8192 + 2 * 64 * 128) * 2
     fused = plan_generation(ARCH, **shape)["decode_step"]
-    assert fused == 2 * 1000 * 22
-    assert plan_generation(dataclasses.replace(ARCH, head_dim=48), **shape)["decode_step"] == fused + 2 * 128 * 4 * 10
+    assert fused == 2 * 1000 * 22 + 2 * 4 * (128 // 32) * (16 + 2) * 4  # logits; the shares' partial outputs
+    explicit = plan_generation(dataclasses.replace(ARCH, head_dim=48), **shape)["decode_step"]
+    assert explicit == 2 * 1000 * 22 + 2 * 128 * 4 * 10
 
 
 def test_a_4bit_mlp_read_in_4_bits_is_not_copied():
@@ -239,11 +241,12 @@ def test_evaluate_plan_matches_a_hand_calculation():
     assert plan.row("decoder_copy") == 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64) * 2  # q/k/v concatenated, o merged
     assert plan.row("kv_cache") == 6 * 128 * 256  # 10 + 100 tokens, bucketed to 128; 256 bytes a token
     # top-p sampling: bf16 + fp32 logits, 4 fp32 sampling buffers, sorted fp32 + int64 order + 2 fp32 + 2 masks
-    # + a masked copy = 48 bytes per vocabulary entry (the Triton kernel keeps attention scores in registers)
-    assert plan.row("decode_step") == 6 * 1000 * 48
+    # + a masked copy = 48 bytes per vocabulary entry (the Triton kernel keeps attention scores in registers,
+    # and a share's partial output a block of 32 cached positions at most: fp32, 16 dims + max + sum)
+    assert plan.row("decode_step") == 6 * 1000 * 48 + 6 * 4 * (128 // 32) * (16 + 2) * 4
     # prefill's explicit attention: scores over the 10-token prompt, 4 heads, 10 bytes a score
     assert plan.row("prefill") == 6 * 10 * (3 * 128 * 2 + 10 * 4 * 10)
-    assert plan.peak == (403456 + 8192 + CUDA_RUNTIME_BYTES + 49152 + 196608 + 288000 + 70080)
+    assert plan.peak == (403456 + 8192 + CUDA_RUNTIME_BYTES + 49152 + 196608 + 288000 + 6912 + 70080)
     assert (plan.stage, plan.knob, plan.tokens_knob) == ("evaluate final/aime24", "evaluate.batch_size",
                                                         "evaluate.benchmarks.aime24.max_new_tokens")
     base = plan_evaluate(ARCH, ev, "aime24", "base", adapter=adapter, prep=PrepareParams(), cuda=True, prompt_tokens=10)
@@ -261,7 +264,8 @@ def test_max_slots_is_the_largest_count_that_fits():
         rows = plan_generation(ARCH, sequences=n, **shape)
         return rows["kv_cache"] + rows["decode_step"] + rows["prefill"]
 
-    per_slot = 128 * 256 + 1000 * 48 + 10 * (3 * 128 * 2 + 10 * 4 * 10)  # hand: cache, step, prefill
+    # hand: cache, step (logits, the attention's shares), prefill
+    per_slot = 128 * 256 + 1000 * 48 + 4 * (128 // 32) * (16 + 2) * 4 + 10 * (3 * 128 * 2 + 10 * 4 * 10)
     assert cost(1) == per_slot and cost(7) == 7 * per_slot
     assert max_slots(ARCH, 7 * per_slot, **shape) == 7 and max_slots(ARCH, 7 * per_slot - 1, **shape) == 6
     assert max_slots(ARCH, per_slot - 1, **shape) == 0

@@ -1,13 +1,14 @@
-"""One decode step's attention for one layer as a single Triton kernel: RoPE (and Qwen3's q/k norms) on
-the step's fused q/k/v projection, the new key and value written into the static KV cache at each
-slot's cursor, and grouped-query attention over that slot's cache, with an online softmax.
+"""One decode step's attention for one layer in Triton: RoPE (and Qwen3's q/k norms) on the step's fused
+q/k/v projection, the new key and value written into the static KV cache at each slot's cursor, and
+grouped-query attention over that slot's cache, with an online softmax; where the cache is long against
+the number of slots, its shares are read by separate programs and combined by a second small kernel.
 
 Why: in the static decoder (grpo/rollout/static_decode.py) the same work in PyTorch is about ten kernels
 a layer (RoPE, two cache scatters, head permutes, two batched matmuls, the masked softmax), each moving
 a few kilobytes, and at the R1-Distill-1.5B shape a decode step was bound by the ~525 kernels it ran one
 after another, not by the ~3 GB of weights it must read (bench/RESULTS.md). Each program here handles
-one (slot, kv head): it reads only its slot's cache up to the slot's own cursor, so the step no longer
-depends on a cache-length bucket and one captured graph serves a whole generate call.
+one (slot, kv head, share of the cache): it reads only its slot's cache up to the slot's own cursor, so the
+step no longer depends on a cache-length bucket and one captured graph serves a whole generate call.
 
 The PyTorch reference is ``torch_decode_attention`` in grpo/rollout/static_layers.py (the path a CPU
 runs); tests/kernels/test_decode_attention.py compares the two, and the static decoder's tests compare
@@ -64,11 +65,13 @@ if triton is not None:
     def _decode_attention_kernel(
             qkv_ptr, qkv_stride, cos_ptr, sin_ptr, cs_stride, qn_ptr, kn_ptr, eps,
             kc_ptr, vc_ptr, c_stride_s, c_stride_h, c_stride_l, valid_ptr, valid_stride, cursor_ptr,
-            out_ptr, out_stride, scale,
+            out_ptr, out_stride, part_ptr, stat_ptr, scale,
             HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
-            BLOCK: tl.constexpr, HAS_NORM: tl.constexpr, DOT_FP32: tl.constexpr):
+            BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr, HAS_NORM: tl.constexpr,
+            DOT_FP32: tl.constexpr):
         slot = tl.program_id(0)
         head = tl.program_id(1)
+        split = tl.program_id(2)
         d = tl.arange(0, D)
         # rotate_half(x)[d] = -x[d + D/2] for the first half, x[d - D/2] for the second
         rot = (d + D // 2) % D
@@ -90,9 +93,14 @@ if triton is not None:
         k = k * cos[None, :] + k_rot * sign[None, :] * sin[None, :]
         v = tl.load(row + (HQ + HKV + head) * D + d)
         cursor = tl.load(cursor_ptr + slot)
+        lo = split * CHUNK  # this program's share of the slot's cache: [lo, hi), empty past the cursor
+        hi = tl.minimum(lo + CHUNK, cursor + 1)
+        # only the share holding the cursor reads the new entry; one comparison of a [D] tensor (the
+        # interpreter turns a bool tensor & a bool scalar into integers, which it refuses as a mask)
+        holds_cursor = (d * 0 + cursor // CHUNK) == split
         cache_row = slot.to(tl.int64) * c_stride_s + head * c_stride_h
-        tl.store(kc_ptr + cache_row + cursor * c_stride_l + d[None, :], k.to(dtype))
-        tl.store(vc_ptr + cache_row + cursor * c_stride_l + d, v.to(dtype))
+        tl.store(kc_ptr + cache_row + cursor * c_stride_l + d[None, :], k.to(dtype), mask=holds_cursor[None, :])
+        tl.store(vc_ptr + cache_row + cursor * c_stride_l + d, v.to(dtype), mask=holds_cursor)
         tl.debug_barrier()  # the block's loads below must see the key and value just stored
 
         # this kv head's G query heads (padded to GP rows for the matmul), rotated like the key
@@ -110,9 +118,9 @@ if triton is not None:
         m = tl.full([GP], float("-inf"), tl.float32)
         total = tl.zeros([GP], tl.float32)
         acc = tl.zeros([GP, D], tl.float32)
-        for start in range(0, cursor + 1, BLOCK):  # every valid entry of a slot sits at or before its cursor
+        for start in range(lo, hi, BLOCK):  # every valid entry of a slot sits at or before its cursor
             pos = start + tl.arange(0, BLOCK)
-            inside = pos <= cursor
+            inside = pos < hi
             ok = tl.load(valid_ptr + slot * valid_stride + pos, mask=inside, other=0) != 0
             at = kc_ptr + cache_row + pos[:, None] * c_stride_l + d[None, :]
             keys = tl.load(at, mask=inside[:, None], other=0.0)
@@ -134,37 +142,95 @@ if triton is not None:
             acc = acc * alpha[:, None] + pv
             total = total * alpha + tl.sum(p, axis=1)
             m = m_new
-        out = acc / total[:, None]
-        tl.store(out_ptr + slot.to(tl.int64) * out_stride + (head * G + g)[:, None] * D + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=g[:, None] < G)
+        if SPLITS == 1:
+            out = acc / total[:, None]
+            tl.store(out_ptr + slot.to(tl.int64) * out_stride + (head * G + g)[:, None] * D + d[None, :],
+                     out.to(out_ptr.dtype.element_ty), mask=g[:, None] < G)
+        else:  # unnormalised, with its running max and sum: _combine_splits_kernel weighs the shares
+            row_at = (slot.to(tl.int64) * HQ + head * G + g) * SPLITS + split
+            tl.store(part_ptr + row_at[:, None] * D + d[None, :], acc, mask=g[:, None] < G)
+            tl.store(stat_ptr + row_at * 2, m, mask=g < G)
+            tl.store(stat_ptr + row_at * 2 + 1, total, mask=g < G)
+
+    @triton.jit
+    def _combine_splits_kernel(part_ptr, stat_ptr, out_ptr, out_stride, HQ: tl.constexpr, D: tl.constexpr,
+                               SPLITS: tl.constexpr, SP: tl.constexpr):
+        """One (slot, query head): the shares' outputs rescaled to their common maximum and summed, then
+        divided by the summed softmax denominators (an empty share, max -inf and sums 0, weighs nothing)."""
+        slot = tl.program_id(0)
+        qhead = tl.program_id(1)
+        j = tl.arange(0, SP)
+        d = tl.arange(0, D)
+        row_at = (slot.to(tl.int64) * HQ + qhead) * SPLITS + j
+        m = tl.load(stat_ptr + row_at * 2, mask=j < SPLITS, other=float("-inf"))
+        total = tl.load(stat_ptr + row_at * 2 + 1, mask=j < SPLITS, other=0.0)
+        acc = tl.load(part_ptr + row_at[:, None] * D + d[None, :], mask=(j < SPLITS)[:, None], other=0.0)
+        weight = tl.exp(m - tl.max(m, axis=0))  # exp(-inf) = 0; some share holds the cursor, so max is finite
+        out = tl.sum(acc * weight[:, None], axis=0) / tl.sum(total * weight, axis=0)
+        tl.store(out_ptr + slot.to(tl.int64) * out_stride + qhead * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+def cache_splits(slots: int, n_kv: int, cache_len: int, block: int, programs: int) -> tuple[int, int]:
+    """(positions a program reads, programs a (slot, kv head)) for a cache of ``cache_len``: the cache cut
+    into shares of whole blocks so that a full cache gives at least ``programs`` programs. Why: one program
+    a (slot, kv head) is 128 programs at 64 slots and 2 kv heads (R1-Distill-1.5B), one a streaming
+    multiprocessor, each reading its slot's whole cache alone; shares read in parallel and
+    ``_combine_splits_kernel`` weighs them (flash-decoding). Fixed by the cache's length, not the cursors,
+    so one captured graph serves a whole generate call; shares past a slot's cursor read nothing."""
+    blocks = triton.cdiv(cache_len, block)
+    splits = min(blocks, max(1, triton.cdiv(programs, slots * n_kv)))
+    chunk = triton.cdiv(blocks, splits) * block
+    return chunk, triton.cdiv(cache_len, chunk)
+
+
+def shares_bytes(slots: int, n_heads: int, cache_len: int, head_dim: int) -> int:
+    """The most memory a step's shares take (their fp32 outputs and (max, sum) pairs, one layer's at a time),
+    whatever the GPU: one share a block of the leanest launch option (grpo.memory_plan's bound)."""
+    shares = -(-cache_len // min(block for block, _ in launch_options()))
+    return slots * n_heads * shares * (head_dim + 2) * 4
+
+
+def _programs_wanted(device: torch.device) -> int:
+    """Four programs a streaming multiprocessor; under Triton's interpreter as on a GPU of eight, so that the
+    CPU's tests of the whole decoder read their caches in shares too."""
+    return 4 * (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8)
 
 
 def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, valid: Tensor,
                      cursor: Tensor, *, n_heads: int, q_norm: Tensor | None, k_norm: Tensor | None,
-                     eps: float) -> Tensor:
+                     eps: float, programs: int | None = None) -> Tensor:
     """Attention output [S, n_heads * D] of one decode step for every slot.
 
     ``qkv`` [S, 1, (n_heads + 2 n_kv) D]: the step's q/k/v projection (q heads, then k, then v, as
     grpo.rollout.static_layers.heads splits it); ``cos``/``sin`` [S, 1, D] at each slot's position; ``k_cache``/``v_cache``
     [S, n_kv, L, D]; ``valid`` [S, L] which cache entries count (the cursor's already set); ``cursor`` [S]
     where each slot's new key and value go (written here, in place). ``q_norm``/``k_norm``: Qwen3's
-    per-head RMSNorm weights, or None."""
-    slots, n_kv, _, d = k_cache.shape
+    per-head RMSNorm weights, or None. ``programs``: how many programs a full cache should spread over
+    (``cache_splits``; default four a multiprocessor)."""
+    slots, n_kv, cache_len, d = k_cache.shape
     group = n_heads // n_kv
     qkv = qkv.reshape(slots, -1)
     cos, sin = cos.reshape(slots, d), sin.reshape(slots, d)
     out = torch.empty(slots, n_heads * d, dtype=qkv.dtype, device=qkv.device)
     has_norm = q_norm is not None
     dot_fp32 = k_cache.dtype == torch.float32 or _interpreting()
+    wanted = programs if programs is not None else _programs_wanted(qkv.device)
 
     def launch(option: tuple[int, int]) -> None:
         block, stages = option
-        _decode_attention_kernel[(slots, n_kv)](
+        chunk, splits = cache_splits(slots, n_kv, cache_len, block, wanted)
+        # the shares' unnormalised outputs and (max, sum) pairs; unused (never touched) with one share
+        part = torch.empty(slots * n_heads * splits * d if splits > 1 else 1, dtype=torch.float32, device=qkv.device)
+        stat = torch.empty(slots * n_heads * splits * 2 if splits > 1 else 1, dtype=torch.float32, device=qkv.device)
+        _decode_attention_kernel[(slots, n_kv, splits)](
             qkv, qkv.stride(0), cos, sin, cos.stride(0), q_norm if has_norm else cos, k_norm if has_norm else cos,
             eps, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), valid.view(torch.uint8),
-            valid.stride(0), cursor, out, out.stride(0), d ** -0.5,
+            valid.stride(0), cursor, out, out.stride(0), part, stat, d ** -0.5,
             HQ=n_heads, HKV=n_kv, G=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK=block,
-            HAS_NORM=has_norm, DOT_FP32=dot_fp32, num_stages=stages)
+            CHUNK=chunk, SPLITS=splits, HAS_NORM=has_norm, DOT_FP32=dot_fp32, num_stages=stages)
+        if splits > 1:
+            _combine_splits_kernel[(slots, n_heads)](part, stat, out, out.stride(0), HQ=n_heads, D=d, SPLITS=splits,
+                                                     SP=triton.next_power_of_2(splits))
 
     # fp32 caches get exact (not TF32) products; so does every dtype under Triton's interpreter, whose bf16
     # tl.dot returns garbage (Triton 3.9: numpy has no bf16), the only place the kernel's code differs

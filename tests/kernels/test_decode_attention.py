@@ -1,7 +1,8 @@
 """The fused decode-attention kernel (grpo/kernels/decode_attention.py) against the PyTorch decode step
 it replaces (``torch_decode_attention``): the cache it writes and the attention it returns, for slots at
 different cursors, cache entries masked out (left pads, a refilled slot's stale row), a query group that
-is not a power of two, Qwen3's q/k norms, fp32 and bf16.
+is not a power of two, Qwen3's q/k norms, fp32 and bf16; and the cache read in shares by separate programs
+(flash-decoding), whose outputs a second kernel combines.
 
 On a GPU it runs compiled; on CPU under Triton's interpreter, in a subprocess (tests/kernels/interpreter.py).
 The whole static decoder with this kernel is checked against HF ``generate`` by
@@ -19,12 +20,13 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 
 def test_kernel_under_interpreter():
-    run_under_interpreter(__file__, passed=6)
+    run_under_interpreter(__file__, passed=11)
 
 
-def _case(device: str, dtype: torch.dtype, n_heads: int, n_kv: int, d: int, norms: bool, seed: int = 0):
+def _case(device: str, dtype: torch.dtype, n_heads: int, n_kv: int, d: int, norms: bool, seed: int = 0,
+          cursors: tuple[int, ...] = (0, 5, 70, 79)):
     gen = torch.Generator().manual_seed(seed)
-    slots, cache_len = 4, 80  # 80 > BLOCK_L: a slot's cache spans two blocks, the second partial
+    slots, cache_len = 4, cursors[-1] + 1  # 80 > BLOCK_L: a slot's cache spans two blocks, the second partial
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
@@ -34,7 +36,7 @@ def _case(device: str, dtype: torch.dtype, n_heads: int, n_kv: int, d: int, norm
     cos = torch.cat([angle.cos()] * 2, -1).to(device=device, dtype=dtype)
     sin = torch.cat([angle.sin()] * 2, -1).to(device=device, dtype=dtype)
     k_cache, v_cache = randn(slots, n_kv, cache_len, d), randn(slots, n_kv, cache_len, d)
-    cursor = torch.tensor([0, 5, 70, 79], device=device)
+    cursor = torch.tensor(cursors, device=device)
     valid = torch.zeros(slots, cache_len, dtype=torch.bool)
     for s, c in enumerate(cursor.tolist()):
         valid[s, : c + 1] = True
@@ -89,3 +91,43 @@ def test_the_leanest_launch_computes_the_same_step(option, monkeypatch):
     out = da.decode_attention(qkv, cos, sin, k_cache, v_cache, valid, cursor, n_heads=6, q_norm=w1[5],
                               k_norm=w1[6], eps=1e-6)
     torch.testing.assert_close(out, ref[:, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_cache_splits_by_hand():
+    """Shares of whole blocks, enough for the programs asked, never more shares than blocks."""
+    from grpo.kernels.decode_attention import cache_splits
+
+    assert cache_splits(64, 2, 1024, 64, 528) == (256, 4)  # 128 programs a share: 5 wanted, 16 blocks in 4s
+    assert cache_splits(16, 2, 1024, 64, 528) == (64, 16)  # 17 wanted, only 16 blocks
+    assert cache_splits(64, 2, 1000, 64, 1) == (1024, 1)   # one share: the whole cache in one program
+    assert cache_splits(4, 2, 200, 64, 24) == (128, 2)     # 3 wanted of 4 blocks: shares of 2 blocks, so 2
+    assert cache_splits(4, 2, 200, 64, 32) == (64, 4)
+
+
+@pytest.mark.parametrize("dtype,n_heads,n_kv,d,norms,programs", [
+    (torch.float32, 6, 2, 32, True, 32),      # four shares of one block (cache of 200: the last share partial)
+    (torch.float32, 2, 1, 64, False, 8),      # two shares of two blocks
+    (torch.bfloat16, 12, 2, 128, False, 32),  # the R1-Distill-1.5B layout, four shares
+    (torch.bfloat16, 4, 4, 64, True, 10_000),  # more programs asked than blocks: one share a block
+])
+def test_shares_of_the_cache_match_the_pytorch_decode_step(dtype, n_heads, n_kv, d, norms, programs):
+    """Cursors in the first share, mid-share, at a share's first entry and at the cache's end; a slot whose
+    first share is all pads (its weight in the combination must be zero, not NaN); the new key and value
+    written once, by the share that holds the cursor."""
+    from grpo.kernels.decode_attention import decode_attention
+
+    device = kernel_device()
+    qkv, cos, sin, k_cache, v_cache, valid, cursor, w1 = _case(device, dtype, n_heads, n_kv, d, norms, seed=1,
+                                                               cursors=(3, 100, 128, 199))
+    valid[1, :64] = False  # slot 1's first block all pads
+    eps = 1e-6
+    ref_k, ref_v = k_cache.clone(), v_cache.clone()
+    ref = torch_decode_attention(qkv, cos, sin, ref_k, ref_v, valid, cursor, k_cache.shape[2], w1,
+                                 (n_heads, n_kv, d, eps))
+    out = decode_attention(qkv, cos, sin, k_cache, v_cache, valid, cursor, n_heads=n_heads, q_norm=w1[5],
+                           k_norm=w1[6], eps=eps, programs=programs)
+    tol = dict(atol=1e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(k_cache, ref_k, **tol)
+    assert torch.equal(v_cache, ref_v)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, ref[:, 0], **tol)

@@ -28,7 +28,7 @@ MAX_NEW = 10
 
 
 def test_every_test_again_with_the_triton_attention():
-    run_under_interpreter(__file__, passed=13)
+    run_under_interpreter(__file__, passed=14)
 
 
 def test_the_attention_is_triton_exactly_where_triton_runs(model):
@@ -72,6 +72,20 @@ def test_greedy_matches_generate_with_lora_and_left_padding(tiny_model_dir, toke
     bare = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
     assert bare != hf
     assert _ids(fast, prompts, params) == bare
+
+
+def test_greedy_matches_generate_past_one_block_of_cache(tiny_model_dir, tokenizer, prompts):
+    """Long enough that the cache spans more than one of the Triton kernel's blocks: where the kernel runs
+    (this module's rerun under the interpreter, a GPU) each slot's cache is read in shares by separate
+    programs and their outputs combined (grpo.kernels.decode_attention.cache_splits)."""
+    from grpo.kernels.decode_attention import BLOCK_L
+
+    model = _with_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32))
+    params = SamplingParams(temperature=0, max_new_tokens=100)
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    width = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    assert width + max(len(ids) for group in hf for ids in group) > BLOCK_L + 1  # a cursor in the second block
+    assert _ids(NativeEngine(model, tokenizer, batch_size=3, backend="static"), prompts, params) == hf
 
 
 @pytest.mark.parametrize("merge", [True, False])
