@@ -12,7 +12,7 @@ steps=${1:-2}
 extra=${2:-}
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 bench/gpu_tune.py --jobs steady:7.5 --steady-steps "$steps" --winner '{}' --deadline-s 200 > "$OUT/new.log" 2>&1
-python3 .baseline/bench/steady_step.py --project /tmp/gpu_stages_work --out "$OUT/steady_old" --steps "$steps" \
+timeout 200 python3 .baseline/bench/steady_step.py --project /tmp/gpu_stages_work --out "$OUT/steady_old" --steps "$steps" \
     --cap-gib 7.5 --winner '{}' > "$OUT/old.log" 2>&1
 tail -3 "$OUT/new.log"; tail -3 "$OUT/old.log"
 if [ -n "$extra" ]; then
