@@ -214,6 +214,11 @@ class TrainParams:
     # torch.compile each decoder layer for the scoring and training passes (grpo/model/compiled.py): fewer,
     # fused kernels, one compile at the first step; grpo.tune measures both, the compile spread over max_steps
     compile_layers: bool = False
+    # the LoRA branch's fp32 matmuls in a step's scoring and training passes as TF32 on CUDA tensor cores
+    # (inputs rounded to 10 mantissa bits, fp32 sums): on CUDA cores they were 161 of an 8 GiB step's 1,487 ms
+    # of training kernels on an H100 (bench/RESULTS.md); results move by TF32's rounding (TRL under bf16
+    # autocast rounds these products to bf16). Generation, the merge into the decoder and CPUs are unaffected
+    lora_tf32: bool = False
     rewards: dict[str, float] = _check(subset_of(REWARDS), default_factory=lambda: {"correctness": 2.0})
     advantage_scale: str = _check(one_of(*ADVANTAGE_SCALES), default="group")
     skip_zero_variance_groups: bool = False

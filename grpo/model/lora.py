@@ -77,6 +77,22 @@ class LoRALinear(nn.Module):
         return f"r={self.r}, scaling={self.scaling:g}, disabled={self.disabled}"
 
 
+@contextmanager
+def lora_tf32(enabled: bool) -> Iterator[None]:
+    """``train.lora_tf32``: inside the block, CUDA's fp32 matmuls (the LoRA branch; the base runs in the
+    compute dtype) use TF32 tensor cores; the setting before is restored after. A CPU's matmuls are not
+    affected (this is CUDA's flag)."""
+    if not enabled:
+        yield
+        return
+    before = torch.backends.cuda.matmul.fp32_precision
+    torch.backends.cuda.matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.fp32_precision = before
+
+
 def target_matches(name: str, target: str) -> bool:
     """PEFT's rule for a list of target_modules: the module's full name, or a dotted suffix of it."""
     return name == target or name.endswith("." + target)

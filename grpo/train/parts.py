@@ -29,7 +29,7 @@ from grpo.model.adapter import LoraSettings
 from grpo.model.compiled import compiled_layers
 from grpo.model.dequant import dense_base, dense_for_training
 from grpo.model.loading import load_policy_model, load_tokenizer, resolve_device
-from grpo.model.lora import inject_lora, lora_parameters
+from grpo.model.lora import inject_lora, lora_parameters, lora_tf32
 from grpo.prompts import PromptStyle
 from grpo.rollout.base import Completion, SamplingParams
 from grpo.rollout.native import NativeEngine
@@ -123,9 +123,10 @@ def choose_logprobs(params: TrainParams, model: torch.nn.Module) -> LogprobFn:
 @contextmanager
 def training_base(model: torch.nn.Module, params: TrainParams) -> Iterator[int]:
     """The weights and code a step's scoring and training passes run on: the 4-bit layers or, with
-    train.dense_training, a dense copy made for the step; with train.compile_layers, compiled layers.
-    Yields how many 4-bit layers run densely."""
-    with dense_for_training(model, params.dense_training) as switched, compiled_layers(model, params.compile_layers):
+    train.dense_training, a dense copy made for the step; with train.compile_layers, compiled layers; with
+    train.lora_tf32, the LoRA branch's matmuls in TF32. Yields how many 4-bit layers run densely."""
+    with dense_for_training(model, params.dense_training) as switched, compiled_layers(model, params.compile_layers), \
+            lora_tf32(params.lora_tf32):
         yield switched
 
 

@@ -19,6 +19,7 @@ from grpo.model import (
     lora_parameters,
     lora_state_dict,
 )
+from grpo.model.lora import lora_tf32
 from tests.model.merge import merge_lora_
 
 TARGETS = ["q_proj", "v_proj", "down_proj"]
@@ -69,6 +70,47 @@ def test_lora_branch_is_fp32_over_a_bf16_base():
     y.float().sum().backward()
     assert layer.lora_A.grad.dtype == layer.lora_B.grad.dtype == torch.float32
     assert not base.weight.requires_grad and base.weight.grad is None
+
+
+def _branch_and_grads(device: str) -> tuple[torch.Tensor, ...]:
+    """A bf16 base with a wide fp32 LoRA branch: its output and gradients (long sums, so TF32 shows)."""
+    torch.manual_seed(0)  # nn.Linear's init
+    gen = torch.Generator().manual_seed(0)
+    layer = LoRALinear(nn.Linear(1024, 512).to(torch.bfloat16), r=16, alpha=32, generator=gen).to(device)
+    with torch.no_grad():
+        layer.lora_B.copy_(torch.randn(layer.lora_B.shape, generator=gen))
+    x = torch.randn(256, 1024, generator=gen).to(device=device, dtype=torch.bfloat16)
+    y = layer(x)
+    y.float().square().sum().backward()
+    return y, layer.lora_A.grad, layer.lora_B.grad
+
+
+def test_lora_tf32_sets_cuda_fp32_matmuls_for_the_block_only():
+    """train.lora_tf32: TF32 inside the block, the previous setting after (an error included), nothing
+    when off; a CPU computes exactly what it computes without it."""
+    before = torch.backends.cuda.matmul.fp32_precision
+    with lora_tf32(False):
+        assert torch.backends.cuda.matmul.fp32_precision == before
+    with pytest.raises(RuntimeError, match="inside"), lora_tf32(True):
+        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+        raise RuntimeError("inside")
+    assert torch.backends.cuda.matmul.fp32_precision == before
+    exact = _branch_and_grads("cpu")
+    with lora_tf32(True):
+        on_cpu = _branch_and_grads("cpu")
+    assert all(torch.equal(a, b) for a, b in zip(exact, on_cpu))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="TF32 is a CUDA tensor-core format")
+def test_lora_tf32_rounds_the_branch_within_tf32s_precision():
+    """On CUDA the branch and its gradients change (the flag reaches forward and autograd's backward) by
+    about TF32's rounding (10 mantissa bits: ~1e-3 relative), not more."""
+    exact = _branch_and_grads("cuda")
+    with lora_tf32(True):
+        tf32 = _branch_and_grads("cuda")
+    for a, b in zip(exact, tf32):
+        assert not torch.equal(a, b)
+        torch.testing.assert_close(b.float(), a.float(), rtol=1e-2, atol=1e-2 * a.float().abs().max().item())
 
 
 def test_init_is_peft_like_and_seeded_without_touching_global_rng(tiny_model_dir):
