@@ -56,10 +56,10 @@ def _decode_attention(dtype: str, block: int) -> tuple:
                  "qn_ptr": f"*{t}", "kn_ptr": f"*{t}", "eps": "fp32", "kc_ptr": f"*{t}", "vc_ptr": f"*{t}",
                  "c_stride_s": "i32", "c_stride_h": "i32", "c_stride_l": "i32", "valid_ptr": "*u8",
                  "valid_stride": "i32", "cursor_ptr": "*i64", "out_ptr": f"*{t}", "out_stride": "i32",
-                 "scale": "fp32"}
+                 "part_ptr": "*fp32", "stat_ptr": "*fp32", "scale": "fp32"}
     group = R1["heads"] // R1["kv_heads"]
     constants = {"HQ": R1["heads"], "HKV": R1["kv_heads"], "G": group, "GP": max(16, triton.next_power_of_2(group)),
-                 "D": R1["head_dim"], "BLOCK": block, "HAS_NORM": False,
+                 "D": R1["head_dim"], "BLOCK": block, "CHUNK": 1024, "SPLITS": 1, "HAS_NORM": False,
                  "DOT_FP32": dtype == "float32"}
     return decode_attention._decode_attention_kernel, signature, constants
 
@@ -118,8 +118,8 @@ def kernels() -> list[tuple[str, dict, tuple]]:
                       for triton_options, kernel in options]
         found += [(f"swiglu_dense {dtype} BLOCK_K={kernel[2]['BLOCK_K']}", triton_options, kernel)
                   for triton_options, kernel in swiglu_dense_options(dtype)]
-        for block, stages in decode_attention.launch_options():
-            found.append((f"decode_attention {dtype} BLOCK={block}", {"num_stages": stages},
+        for block, stages, warps in decode_attention.launch_options():
+            found.append((f"decode_attention {dtype} BLOCK={block}", {"num_stages": stages, "num_warps": warps},
                           _decode_attention(dtype, block)))
     found.append(("logprob_entropy stats", {"num_stages": 3}, _logprob("_stats_kernel")))
     found.append(("logprob_entropy grad", {"num_stages": 3}, _logprob("_grad_kernel")))

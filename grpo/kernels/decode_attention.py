@@ -32,10 +32,11 @@ except ImportError:  # CPU-only installs without triton: the PyTorch reference i
 BLOCK_L = 64  # cache positions per iteration: [BLOCK_L, head_dim] keys and values in registers
 
 
-def launch_options() -> list[tuple[int, int]]:
-    """(BLOCK, Triton's num_stages) to try in turn (grpo/kernels/fit.py): an fp32 cache at 64 positions and
-    three stages asks for 140 KiB of shared memory, more than an RTX card's 99 KiB a block; bf16 asks 22."""
-    return [(BLOCK_L, 3), (BLOCK_L, 2), (BLOCK_L // 2, 2), (BLOCK_L // 2, 1)]
+def launch_options() -> list[tuple[int, int, int]]:
+    """(BLOCK, Triton's num_stages, num_warps) to try in turn (grpo/kernels/fit.py): an fp32 cache at 64
+    positions and three stages asks for 140 KiB of shared memory, more than an RTX card's 99 KiB a block;
+    bf16 asks 70 (bench/smem_fit.py)."""
+    return [(BLOCK_L, 3, 4), (BLOCK_L, 2, 4), (BLOCK_L // 2, 2, 4), (BLOCK_L // 2, 1, 4)]
 
 
 def _interpreting() -> bool:
@@ -172,13 +173,15 @@ if triton is not None:
 
 def cache_splits(slots: int, n_kv: int, cache_len: int, block: int, programs: int) -> tuple[int, int]:
     """(positions a program reads, programs a (slot, kv head)) for a cache of ``cache_len``: the cache cut
-    into shares of whole blocks so that a full cache gives at least ``programs`` programs. Why: one program
-    a (slot, kv head) is 128 programs at 64 slots and 2 kv heads (R1-Distill-1.5B), one a streaming
-    multiprocessor, each reading its slot's whole cache alone; shares read in parallel and
-    ``_combine_splits_kernel`` weighs them (flash-decoding). Fixed by the cache's length, not the cursors,
-    so one captured graph serves a whole generate call; shares past a slot's cursor read nothing."""
+    into shares of whole blocks, as many as leave at most ``programs`` programs (the multiprocessors).
+    Why: one program a (slot, kv head) is 32 programs at 16 slots and 2 kv heads (R1-Distill-1.5B) on an
+    H100's 132 multiprocessors; shares read in parallel and ``_combine_splits_kernel`` weighs them
+    (flash-decoding): a decode step at 16 slots 2.256 -> 2.125 ms. At 64 slots (128 programs) shares of four
+    programs a multiprocessor made it slower, 2.512 -> 2.633 ms (the combine kernel alone 91 µs a step), so
+    a full GPU reads whole caches (bench/RESULTS.md, fourteenth session). Fixed by the cache's length, not
+    the cursors, so one captured graph serves a whole generate call; shares past a slot's cursor read nothing."""
     blocks = triton.cdiv(cache_len, block)
-    splits = min(blocks, max(1, triton.cdiv(programs, slots * n_kv)))
+    splits = min(blocks, max(1, programs // (slots * n_kv)))
     chunk = triton.cdiv(blocks, splits) * block
     return chunk, triton.cdiv(cache_len, chunk)
 
@@ -186,14 +189,14 @@ def cache_splits(slots: int, n_kv: int, cache_len: int, block: int, programs: in
 def shares_bytes(slots: int, n_heads: int, cache_len: int, head_dim: int) -> int:
     """The most memory a step's shares take (their fp32 outputs and (max, sum) pairs, one layer's at a time),
     whatever the GPU: one share a block of the leanest launch option (grpo.memory_plan's bound)."""
-    shares = -(-cache_len // min(block for block, _ in launch_options()))
+    shares = -(-cache_len // min(option[0] for option in launch_options()))
     return slots * n_heads * shares * (head_dim + 2) * 4
 
 
 def _programs_wanted(device: torch.device) -> int:
-    """Four programs a streaming multiprocessor; under Triton's interpreter as on a GPU of eight, so that the
+    """A program a streaming multiprocessor; under Triton's interpreter as on a GPU of eight, so that the
     CPU's tests of the whole decoder read their caches in shares too."""
-    return 4 * (torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8)
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
 
 
 def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor, valid: Tensor,
@@ -205,8 +208,8 @@ def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_c
     grpo.rollout.static_layers.heads splits it); ``cos``/``sin`` [S, 1, D] at each slot's position; ``k_cache``/``v_cache``
     [S, n_kv, L, D]; ``valid`` [S, L] which cache entries count (the cursor's already set); ``cursor`` [S]
     where each slot's new key and value go (written here, in place). ``q_norm``/``k_norm``: Qwen3's
-    per-head RMSNorm weights, or None. ``programs``: how many programs a full cache should spread over
-    (``cache_splits``; default four a multiprocessor)."""
+    per-head RMSNorm weights, or None. ``programs``: how many programs a full cache may spread over
+    (``cache_splits``; default one a multiprocessor)."""
     slots, n_kv, cache_len, d = k_cache.shape
     group = n_heads // n_kv
     qkv = qkv.reshape(slots, -1)
@@ -216,8 +219,8 @@ def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_c
     dot_fp32 = k_cache.dtype == torch.float32 or _interpreting()
     wanted = programs if programs is not None else _programs_wanted(qkv.device)
 
-    def launch(option: tuple[int, int]) -> None:
-        block, stages = option
+    def launch(option: tuple[int, int, int]) -> None:
+        block, stages, warps = option
         chunk, splits = cache_splits(slots, n_kv, cache_len, block, wanted)
         # the shares' unnormalised outputs and (max, sum) pairs; unused (never touched) with one share
         part = torch.empty(slots * n_heads * splits * d if splits > 1 else 1, dtype=torch.float32, device=qkv.device)
@@ -227,7 +230,7 @@ def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_c
             eps, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), valid.view(torch.uint8),
             valid.stride(0), cursor, out, out.stride(0), part, stat, d ** -0.5,
             HQ=n_heads, HKV=n_kv, G=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK=block,
-            CHUNK=chunk, SPLITS=splits, HAS_NORM=has_norm, DOT_FP32=dot_fp32, num_stages=stages)
+            CHUNK=chunk, SPLITS=splits, HAS_NORM=has_norm, DOT_FP32=dot_fp32, num_stages=stages, num_warps=warps)
         if splits > 1:
             _combine_splits_kernel[(slots, n_heads)](part, stat, out, out.stride(0), HQ=n_heads, D=d, SPLITS=splits,
                                                      SP=triton.next_power_of_2(splits))

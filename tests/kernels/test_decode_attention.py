@@ -94,13 +94,14 @@ def test_the_leanest_launch_computes_the_same_step(option, monkeypatch):
 
 
 def test_cache_splits_by_hand():
-    """Shares of whole blocks, enough for the programs asked, never more shares than blocks."""
+    """Shares of whole blocks, as many as leave at most the programs asked, never more shares than blocks."""
     from grpo.kernels.decode_attention import cache_splits
 
-    assert cache_splits(64, 2, 1024, 64, 528) == (256, 4)  # 128 programs a share: 5 wanted, 16 blocks in 4s
-    assert cache_splits(16, 2, 1024, 64, 528) == (64, 16)  # 17 wanted, only 16 blocks
-    assert cache_splits(64, 2, 1000, 64, 1) == (1024, 1)   # one share: the whole cache in one program
-    assert cache_splits(4, 2, 200, 64, 24) == (128, 2)     # 3 wanted of 4 blocks: shares of 2 blocks, so 2
+    assert cache_splits(64, 2, 1024, 64, 132) == (1024, 1)  # 128 programs on an H100's 132: whole caches
+    assert cache_splits(16, 2, 1024, 64, 132) == (256, 4)   # 32 programs: 4 shares of 4 blocks
+    assert cache_splits(16, 2, 1000, 64, 132) == (256, 4)   # 16 blocks, the last partial
+    assert cache_splits(1, 1, 200, 64, 132) == (64, 4)      # never more shares than blocks
+    assert cache_splits(4, 2, 200, 64, 24) == (128, 2)      # 3 wanted of 4 blocks: shares of 2 blocks, so 2
     assert cache_splits(4, 2, 200, 64, 32) == (64, 4)
 
 
