@@ -13,9 +13,9 @@ stage's params onto them:
   ``sequences`` concurrent sequences (the decoder's slots) has a KV cache of prompt + new tokens, rounded
   up to the cache bucket; ``decode_step`` is one decode step's logits and sampling buffers (attention
   scores over the cache only where the Triton decode-attention kernel cannot take the head layout: it
-  keeps them in registers, and leaves only the fp32 outputs of a long cache's shares); ``prefill`` is the prompt pass (the MLP's three intermediates and fp32
-  attention scores over the prompt, for every prompt token of the ``prefill_rows`` prompts it admits at
-  once). HF ``generate`` (off CUDA, or ``generation_backend: hf``) has no decoder copy, an exact-length
+  keeps them in registers, and leaves only the fp32 outputs of a long cache's shares); ``prefill`` is the
+  prompt pass (the MLP's three intermediates and fp32 attention scores over the prompt, for every prompt
+  token of the ``prefill_rows`` prompts it admits at once). HF ``generate`` (off CUDA, or ``generation_backend: hf``) has no decoder copy, an exact-length
   cache and memory-efficient attention.
 - training (``plan_training``): one micro-batch of ``train_batch_size`` sequences: with gradient
   checkpointing each layer's input is kept and one layer's activations are live at a time (without

@@ -176,10 +176,11 @@ def cache_splits(slots: int, n_kv: int, cache_len: int, block: int, programs: in
     into shares of whole blocks, as many as leave at most ``programs`` programs (the multiprocessors).
     Why: one program a (slot, kv head) is 32 programs at 16 slots and 2 kv heads (R1-Distill-1.5B) on an
     H100's 132 multiprocessors; shares read in parallel and ``_combine_splits_kernel`` weighs them
-    (flash-decoding): a decode step at 16 slots 2.256 -> 2.125 ms. At 64 slots (128 programs) shares of four
-    programs a multiprocessor made it slower, 2.512 -> 2.633 ms (the combine kernel alone 91 µs a step), so
-    a full GPU reads whole caches (bench/RESULTS.md, fourteenth session). Fixed by the cache's length, not
-    the cursors, so one captured graph serves a whole generate call; shares past a slot's cursor read nothing."""
+    (flash-decoding): a decode step at 16 slots 2.256 -> 2.125 ms with 16 shares (four shares, this rule's:
+    2.164 on another H100). At 64 slots (128 programs) five shares made it slower, 2.512 -> 2.633 ms (the
+    combine kernel alone 91 µs a step), so a full GPU reads whole caches (bench/RESULTS.md, fourteenth
+    session). Fixed by the cache's length, not the cursors, so one captured graph serves a whole generate
+    call; shares past a slot's cursor read nothing."""
     blocks = triton.cdiv(cache_len, block)
     splits = min(blocks, max(1, programs // (slots * n_kv)))
     chunk = triton.cdiv(blocks, splits) * block

@@ -303,8 +303,8 @@ class StaticDecoder:
             for live, before in zip(self._state(), saved):
                 live.copy_(before)
             # captured on the warm-up's stream directly: torch.cuda.graph would first synchronise and empty the
-            # device and host caches (cudaFree, cudaFreeHost: ~40 ms of an 8 GiB step's generate on an H100,
-            # and the blocks freed are allocated again after); its private pool takes what the step allocates
+            # device and host caches (cudaFree, cudaFreeHost: a 40 ms idle gap in an 8 GiB step's profile on an
+            # H100; the blocks freed are allocated again after); the private pool takes what the step allocates
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.stream(side):
                 graph.capture_begin(pool=self._pool)
