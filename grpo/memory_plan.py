@@ -15,8 +15,8 @@ stage's params onto them:
   scores over the cache only where the Triton decode-attention kernel cannot take the head layout: it
   keeps them in registers, and leaves only the fp32 outputs of a long cache's shares); ``prefill`` is the
   prompt pass (the MLP's three intermediates and fp32 attention scores over the prompt, for every prompt
-  token of the ``prefill_rows`` prompts it admits at once). HF ``generate`` (off CUDA, or ``generation_backend: hf``) has no decoder copy, an exact-length
-  cache and memory-efficient attention.
+  token of the ``prefill_rows`` prompts it admits at once). HF ``generate`` (off CUDA, or
+  ``generation_backend: hf``) has no decoder copy, an exact-length cache and memory-efficient attention.
 - training (``plan_training``): one micro-batch of ``train_batch_size`` sequences: with gradient
   checkpointing each layer's input is kept and one layer's activations are live at a time (without
   it, every layer's saved set, ``saved_per_token``, is kept until backward); log-probs come from

@@ -26,7 +26,7 @@ def test_kernel_under_interpreter():
 def _case(device: str, dtype: torch.dtype, n_heads: int, n_kv: int, d: int, norms: bool, seed: int = 0,
           cursors: tuple[int, ...] = (0, 5, 70, 79)):
     gen = torch.Generator().manual_seed(seed)
-    slots, cache_len = 4, cursors[-1] + 1  # 80 > BLOCK_L: a slot's cache spans two blocks, the second partial
+    slots, cache_len = 4, cursors[-1] + 1  # 80 by default > BLOCK_L: two blocks, the second partial
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
