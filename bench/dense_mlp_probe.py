@@ -12,6 +12,9 @@ CUDA graph and replayed; µs are per layer:
 - the Triton kernel at each of its launch options (``swiglu_dense.OPTIONS``: K block and pipeline stages, the
   fallbacks for smaller shared memories) and at ``CANDIDATES``.
 A TMA-loaded variant tied with it (call 10; the kernel is in git at 5c4fe60).
+- ``tiled``: the same maths over a tile-major copy (``tile_major``: each program's gate and up tiles of one K
+  step one contiguous run of bytes, instead of BLOCK_N rows' 128-byte pieces 3 KB apart), at ``TILED``'s
+  launches (weight rows a program, K block, stages, warps): does the DRAM read faster in long runs?
 The eleventh session's first version (call 4) carried its own kernel and swept tile widths, warps and K splits
 for gate/up and for a Triton down projection (16.7 µs at best against cuBLAS's 15.4; RESULTS,
 bench/results/gpu_4bit_h100/eleventh/call4_dense_mlp_probe.json); this one times what shipped.
@@ -27,6 +30,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+import triton
+import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.matmul_4bit_probe import HIDDEN, INTER, captured, replay_us  # noqa: E402
@@ -35,6 +40,54 @@ from grpo.kernels import fit, swiglu_dense  # noqa: E402
 OUT = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
 # (BLOCK_K, stages) tried beside the shipped options: deeper pipelines keep more bytes in flight per SM
 CANDIDATES = [(64, 5), (64, 6), (64, 8), (128, 3), (32, 4), (32, 6), (32, 8)]
+# (BLOCK_N, BLOCK_K, stages, warps) over the tile-major copy; 32 weight rows: 280 programs, two an SM
+TILED = [(64, 64, 4, 4), (64, 64, 3, 4), (64, 128, 3, 4), (64, 64, 4, 8), (32, 64, 4, 4), (32, 64, 6, 4),
+         (32, 128, 4, 4), (32, 64, 4, 2)]
+
+
+@triton.jit
+def _swiglu_tiled_kernel(x_ptr, stride_xm, w_ptr, out_ptr, stride_om, M, N, K, BLOCK_M: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile = BLOCK_N * BLOCK_K
+    within = tl.arange(0, BLOCK_N)[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
+    w = w_ptr + pid_n.to(tl.int64) * (K // BLOCK_K) * 2 * tile + within
+    gate = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    up = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for kb in range(0, K // BLOCK_K):
+        k = kb * BLOCK_K + tl.arange(0, BLOCK_K)
+        x_t = tl.load(x_ptr + m[None, :].to(tl.int64) * stride_xm + k[:, None], mask=m[None, :] < M, other=0.0)
+        gate = tl.dot(tl.load(w + kb * 2 * tile), x_t, gate)
+        up = tl.dot(tl.load(w + kb * 2 * tile + tile), x_t, up)
+    gate = gate.to(x_ptr.dtype.element_ty).to(tl.float32)
+    act = (gate * tl.sigmoid(gate)).to(x_ptr.dtype.element_ty).to(tl.float32) * up.to(x_ptr.dtype.element_ty).to(
+        tl.float32)
+    tl.store(out_ptr + m[None, :].to(tl.int64) * stride_om + n[:, None], act.to(out_ptr.dtype.element_ty),
+             mask=m[None, :] < M)
+
+
+def tile_major(gate_up: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
+    """[2N, K] (gate rows, then up) as [N / block_n, K / block_k, 2, block_n, block_k]: a program's gate and up
+    tiles of one K step side by side, its K steps one after another."""
+    n, k = gate_up.shape[0] // 2, gate_up.shape[1]
+    halves = gate_up.view(2, n // block_n, block_n, k // block_k, block_k)
+    return halves.permute(1, 3, 0, 2, 4).contiguous()
+
+
+def tiled_swiglu(option: tuple[int, int, int, int]):
+    block_n, block_k, stages, warps = option
+
+    def call(x: torch.Tensor, tiled: torch.Tensor) -> torch.Tensor:
+        n, k = tiled.shape[0] * block_n, tiled.shape[1] * block_k
+        block_m = max(16, triton.next_power_of_2(x.shape[0]))
+        out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+        _swiglu_tiled_kernel[(n // block_n, triton.cdiv(x.shape[0], block_m))](
+            x, x.stride(0), tiled, out, out.stride(0), x.shape[0], n, k, BLOCK_M=block_m, BLOCK_N=block_n,
+            BLOCK_K=block_k, num_warps=warps, num_stages=stages)
+        return out
+    return call
 
 
 def cublas_swiglu(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
@@ -61,6 +114,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--max-block-m", type=int, default=swiglu_dense.MAX_BLOCK_M,
                         help="x's rows a program at most (fewer: more programs, each streaming its tile again)")
+    parser.add_argument("--ways", default="", help="comma-separated pieces of the ways' names to time (default all)")
     args = parser.parse_args()
     swiglu_dense.MAX_BLOCK_M = args.max_block_m
     torch.manual_seed(0)
@@ -75,21 +129,31 @@ def main() -> None:
                 **{f"triton swiglu K{bk} stages {st}": triton_swiglu((bk, st))
                    for bk, st in dict.fromkeys([*swiglu_dense.OPTIONS, *CANDIDATES])}}
         expected = cublas_swiglu(x, layers[0][0]).float()
+        for option in TILED:
+            ways[f"tiled N{option[0]} K{option[1]} stages {option[2]} warps {option[3]}"] = (option, tiled_swiglu(option))
+        wanted = [piece for piece in args.ways.split(",") if piece]
         for name, fn in ways.items():
+            if wanted and not any(piece in name for piece in wanted):
+                continue
             res: dict = {"rows": rows, "way": name}
+            weights = [gate_up for gate_up, _ in layers]
+            if isinstance(fn, tuple):  # the tile-major copy of every layer, made for this launch's tiles
+                (block_n, block_k, *_), fn = fn
+                weights = [tile_major(gate_up, block_n, block_k) for gate_up in weights]
             if fn is None:  # down, as the decoder runs it after either gate/up
                 act = torch.randn(rows, INTER, device="cuda", dtype=dt)
                 graph, _ = captured(lambda: [F.linear(act, down) for _, down in layers][-1])
             else:
                 try:
-                    res["max_err"] = (fn(x, layers[0][0]).float() - expected).abs().max().item()
+                    res["max_err"] = (fn(x, weights[0]).float() - expected).abs().max().item()
                 except Exception as exc:  # noqa: BLE001 - an option that does not fit this card is a finding
                     res["error"] = f"{type(exc).__name__}: {str(exc)[:160]}"
                     print(res, flush=True)
                     found["runs"].append(res)
                     continue
-                graph, _ = captured(lambda: [fn(x, gate_up) for gate_up, _ in layers][-1])
+                graph, _ = captured(lambda: [fn(x, w) for w in weights][-1])
             res["us"] = round(replay_us(graph) / args.layers, 1)
+            del graph, weights
             print(res, flush=True)
             found["runs"].append(res)
     OUT.mkdir(parents=True, exist_ok=True)
