@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 18's must-show in one device call, must-show jobs first: TRL's GRPO step and this tree's 8 GiB step
-# (bench/gpu_tune.py's trl and steady:7.5 jobs, or JOBS; the 7.5 GiB cap, the preset's shape) and EXTRA jobs
+# (bench/gpu_tune.py's trl and steady:7.5 jobs, or JOBS, none: none; the 7.5 GiB cap, the preset's shape) and EXTRA jobs
 # (e.g. profile:7.5, read by bench/trace_gaps.py here), all within DEADLINE seconds; then, when asked and while
 # the call's BUDGET seconds last (default 570, so the packing below always runs):
 #   AB=1      the baseline tree's step on the same project (the tree in .baseline, carried);
@@ -24,7 +24,7 @@ within() {  # within LIMIT LOG CMD...: CMD cut at LIMIT seconds or the call's bu
     timeout "$limit" "$@" > "$OUT/$log" 2>&1; echo "rc $? in ${SECONDS}s: $*"; tail -c 2000 "$OUT/$log"
 }
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
-within 600 step.log python3 bench/gpu_tune.py --jobs "${JOBS:-trl,steady:7.5}${EXTRA:+,$EXTRA}" --steady-steps "$steps" \
+[ "${JOBS:-}" != none ] && within 600 step.log python3 bench/gpu_tune.py --jobs "${JOBS:-trl,steady:7.5}${EXTRA:+,$EXTRA}" --steady-steps "$steps" \
     --profile-steps 1 --winner "${WINNER:-{\}}" --deadline-s "${DEADLINE:-330}"
 [ "${AB:-0}" = 1 ] && within 150 old.log python3 .baseline/bench/steady_step.py --project /tmp/gpu_stages_work \
     --out "$OUT/steady_old" --steps "$steps" --cap-gib 7.5 --winner '{}'
