@@ -95,15 +95,14 @@ if triton is not None:
         v = tl.load(row + (HQ + HKV + head) * D + d)
         cursor = tl.load(cursor_ptr + slot)
         lo = split * CHUNK  # this program's share of the slot's cache: [lo, hi), empty past the cursor
-        hi = tl.minimum(lo + CHUNK, cursor)  # the entries before the cursor; the new one is in registers
-        # the share holding the cursor stores the new entry and starts its softmax with it, so no program
-        # reads back what it wrote (no barrier between the store and the cache's loads); one comparison of
-        # a tensor (the interpreter turns a bool tensor & a bool scalar into integers, refused as a mask)
+        hi = tl.minimum(lo + CHUNK, cursor + 1)
+        # only the share holding the cursor reads the new entry; one comparison of a [D] tensor (the
+        # interpreter turns a bool tensor & a bool scalar into integers, which it refuses as a mask)
         holds_cursor = (d * 0 + cursor // CHUNK) == split
         cache_row = slot.to(tl.int64) * c_stride_s + head * c_stride_h
-        k = k.to(dtype)
-        tl.store(kc_ptr + cache_row + cursor * c_stride_l + d[None, :], k, mask=holds_cursor[None, :])
+        tl.store(kc_ptr + cache_row + cursor * c_stride_l + d[None, :], k.to(dtype), mask=holds_cursor[None, :])
         tl.store(vc_ptr + cache_row + cursor * c_stride_l + d, v.to(dtype), mask=holds_cursor)
+        tl.debug_barrier()  # the block's loads below must see the key and value just stored
 
         # this kv head's G query heads (padded to GP rows for the matmul), rotated like the key
         g = tl.arange(0, GP)
@@ -117,13 +116,10 @@ if triton is not None:
             q, q_rot = q * inv * qw[None, :], q_rot * inv * qw_rot[None, :]
         q = (q * cos[None, :] + q_rot * sign[None, :] * sin[None, :]).to(dtype)
 
-        # the new entry first, as the cache holds it: score s, weight exp(s - max) = 1, value v
-        holds = (g * 0 + cursor // CHUNK) == split
-        s_new = tl.sum(q.to(tl.float32) * k.to(tl.float32), axis=1) * scale
-        m = tl.where(holds, s_new, float("-inf"))
-        total = tl.where(holds, 1.0, 0.0)
-        acc = tl.where(holds[:, None], v.to(dtype).to(tl.float32)[None, :], 0.0)
-        for start in range(lo, hi, BLOCK):  # every other valid entry of a slot sits before its cursor
+        m = tl.full([GP], float("-inf"), tl.float32)
+        total = tl.zeros([GP], tl.float32)
+        acc = tl.zeros([GP, D], tl.float32)
+        for start in range(lo, hi, BLOCK):  # every valid entry of a slot sits at or before its cursor
             pos = start + tl.arange(0, BLOCK)
             inside = pos < hi
             ok = tl.load(valid_ptr + slot * valid_stride + pos, mask=inside, other=0) != 0
@@ -211,8 +207,8 @@ def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_c
 
     ``qkv`` [S, 1, (n_heads + 2 n_kv) D]: the step's q/k/v projection (q heads, then k, then v, as
     grpo.rollout.static_layers.heads splits it); ``cos``/``sin`` [S, 1, D] at each slot's position; ``k_cache``/``v_cache``
-    [S, n_kv, L, D]; ``valid`` [S, L] which cache entries before the cursor count (the new entry always
-    does); ``cursor`` [S] where each slot's new key and value go (written here, in place). ``q_norm``/``k_norm``: Qwen3's
+    [S, n_kv, L, D]; ``valid`` [S, L] which cache entries count (the cursor's already set); ``cursor`` [S]
+    where each slot's new key and value go (written here, in place). ``q_norm``/``k_norm``: Qwen3's
     per-head RMSNorm weights, or None. ``programs``: how many programs a full cache may spread over
     (``cache_splits``; default one a multiprocessor)."""
     slots, n_kv, cache_len, d = k_cache.shape
