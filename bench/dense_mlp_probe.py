@@ -15,6 +15,10 @@ A TMA-loaded variant tied with it (call 10; the kernel is in git at 5c4fe60).
 - ``tiled``: the same maths over a tile-major copy (``tile_major``: each program's gate and up tiles of one K
   step one contiguous run of bytes, instead of BLOCK_N rows' 128-byte pieces 3 KB apart), at ``TILED``'s
   launches (weight rows a program, K block, stages, warps): does the DRAM read faster in long runs?
+- ``tiled down``: the down projection over its tile-major copy, K split over programs (``TILED_DOWN``), each
+  split's fp32 partial sums written for a sum after; timed alone ("partials", what a caller would pay if the
+  next layer's compiled norm added the splits) and with an eager sum and cast (comparable to cuBLAS's
+  matmul plus its split-K reduction).
 The eleventh session's first version (call 4) carried its own kernel and swept tile widths, warps and K splits
 for gate/up and for a Triton down projection (16.7 µs at best against cuBLAS's 15.4; RESULTS,
 bench/results/gpu_4bit_h100/eleventh/call4_dense_mlp_probe.json); this one times what shipped.
@@ -43,6 +47,28 @@ CANDIDATES = [(64, 5), (64, 6), (64, 8), (128, 3), (32, 4), (32, 6), (32, 8)]
 # (BLOCK_N, BLOCK_K, stages, warps) over the tile-major copy; 32 weight rows: 280 programs, two an SM
 TILED = [(64, 64, 4, 4), (64, 64, 3, 4), (64, 128, 3, 4), (64, 64, 4, 8), (32, 64, 4, 4), (32, 64, 6, 4),
          (32, 128, 4, 4), (32, 64, 4, 2)]
+
+# (BLOCK_N, BLOCK_K, K splits, stages, warps) for down (N 1536: 24 tiles of 64 rows, so K is split)
+TILED_DOWN = [(64, 64, 7, 4, 4), (64, 64, 10, 4, 4), (64, 64, 14, 3, 4), (32, 64, 7, 4, 4), (64, 128, 7, 3, 4),
+              (64, 64, 5, 4, 4)]
+
+
+@triton.jit
+def _down_tiled_kernel(x_ptr, stride_xm, w_ptr, part_ptr, M, N, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, K_BLOCKS: tl.constexpr):
+    # partial[split, m, n] = sum over this split's K blocks of W[n, k] x[m, k]; W's tiles one run per program
+    pid_n, split = tl.program_id(0), tl.program_id(1)
+    m = tl.arange(0, BLOCK_M)
+    n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile = BLOCK_N * BLOCK_K
+    within = tl.arange(0, BLOCK_N)[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :]
+    w = w_ptr + (pid_n.to(tl.int64) * (K // BLOCK_K) + split * K_BLOCKS) * tile + within
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)
+    for kb in range(0, K_BLOCKS):
+        k = (split * K_BLOCKS + kb) * BLOCK_K + tl.arange(0, BLOCK_K)
+        x_t = tl.load(x_ptr + m[None, :].to(tl.int64) * stride_xm + k[:, None], mask=m[None, :] < M, other=0.0)
+        acc = tl.dot(tl.load(w + kb * tile), x_t, acc)
+    tl.store(part_ptr + (split * M + m[None, :]).to(tl.int64) * N + n[:, None], acc, mask=m[None, :] < M)
 
 
 @triton.jit
@@ -107,6 +133,44 @@ def triton_swiglu(option: tuple[int, int]):
     return call
 
 
+def down_tile_major(down: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
+    """[N, K] as [N / block_n, K / block_k, block_n, block_k]."""
+    n, k = down.shape
+    return down.view(n // block_n, block_n, k // block_k, block_k).permute(0, 2, 1, 3).contiguous()
+
+
+def tiled_down_runs(rows: int, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> list[dict]:
+    """Each ``TILED_DOWN`` launch against ``F.linear`` (µs a layer, streamed over the layers' copies)."""
+    act = torch.randn(rows, INTER, device="cuda", dtype=torch.bfloat16)
+    expected = F.linear(act, layers[0][1]).float()
+    runs = []
+    for block_n, block_k, splits, stages, warps in TILED_DOWN:
+        weights = [down_tile_major(down, block_n, block_k) for _, down in layers]
+        block_m = max(16, triton.next_power_of_2(rows))
+        part = torch.empty(splits, rows, HIDDEN, device="cuda", dtype=torch.float32)
+
+        def partials(w: torch.Tensor) -> torch.Tensor:
+            _down_tiled_kernel[(HIDDEN // block_n, splits)](
+                act, act.stride(0), w, part, rows, HIDDEN, INTER, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+                K_BLOCKS=INTER // block_k // splits, num_warps=warps, num_stages=stages)
+            return part
+
+        name = f"tiled down N{block_n} K{block_k} splits {splits} stages {stages} warps {warps}"
+        res: dict = {"rows": rows, "way": name}
+        try:
+            res["max_err"] = (partials(weights[0]).sum(0) - expected).abs().max().item()
+        except Exception as exc:  # noqa: BLE001 - a launch that does not fit this card is a finding
+            runs.append({**res, "error": f"{type(exc).__name__}: {str(exc)[:160]}"})
+            continue
+        for label, fn in (("partials", partials), ("summed", lambda w: partials(w).sum(0).to(act.dtype))):
+            graph, _ = captured(lambda: [fn(w) for w in weights][-1])
+            res[f"us_{label}"] = round(replay_us(graph) / len(layers), 1)
+            del graph
+        runs.append(res)
+        print(res, flush=True)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--label", default="dense")
@@ -156,6 +220,8 @@ def main() -> None:
             del graph, weights
             print(res, flush=True)
             found["runs"].append(res)
+        if not wanted or "down" in wanted:
+            found["runs"] += tiled_down_runs(rows, layers)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"dense_mlp_probe_{args.label}.json").write_text(json.dumps(found, indent=1))
 
