@@ -58,7 +58,10 @@ def test_offline_run_mirrors_the_dvclive_log(tmp_path, tiny_model_dir, monkeypat
     records = wandb_records(run_file)
     kinds = [r.WhichOneof("record_type") for r in records]
 
-    (run_record,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    runs = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    # one CI run (2026-12-07, the full suite on 2 cores) found none; it passed alone and under load: say what was there
+    assert len(runs) == 1, f"{len(runs)} run records in {run_file.stat().st_size} bytes of {run_file.name}: {kinds}"
+    (run_record,) = runs
     assert run_record.display_name == "lr-1e-2"
     config = items(run_record.config.update)
     assert config["train"]["lr"] == 1e-2 and config["train"]["report_to"] == ["wandb"] and "prompt" in config
