@@ -40,6 +40,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.matmul_4bit_probe import HIDDEN, INTER, captured, replay_us  # noqa: E402
 from grpo.kernels import fit, swiglu_dense  # noqa: E402
+from grpo.kernels.matmul_4bit import block_m_for, swiglu_rounded  # noqa: E402
 
 OUT = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
 # (BLOCK_K, stages) tried beside the shipped options: deeper pipelines keep more bytes in flight per SM
@@ -87,19 +88,21 @@ def _swiglu_tiled_kernel(x_ptr, stride_xm, w_ptr, out_ptr, stride_om, M, N, K, B
         x_t = tl.load(x_ptr + m[None, :].to(tl.int64) * stride_xm + k[:, None], mask=m[None, :] < M, other=0.0)
         gate = tl.dot(tl.load(w + kb * 2 * tile), x_t, gate)
         up = tl.dot(tl.load(w + kb * 2 * tile + tile), x_t, up)
-    gate = gate.to(x_ptr.dtype.element_ty).to(tl.float32)
-    act = (gate * tl.sigmoid(gate)).to(x_ptr.dtype.element_ty).to(tl.float32) * up.to(x_ptr.dtype.element_ty).to(
-        tl.float32)
+    act = swiglu_rounded(gate, up, x_ptr.dtype.element_ty)
     tl.store(out_ptr + m[None, :].to(tl.int64) * stride_om + n[:, None], act.to(out_ptr.dtype.element_ty),
              mask=m[None, :] < M)
+
+
+def tiles(weight: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
+    """[N, K] as [N / block_n, K / block_k, block_n, block_k]: a program's tiles one after another."""
+    n, k = weight.shape
+    return weight.view(n // block_n, block_n, k // block_k, block_k).permute(0, 2, 1, 3).contiguous()
 
 
 def tile_major(gate_up: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
     """[2N, K] (gate rows, then up) as [N / block_n, K / block_k, 2, block_n, block_k]: a program's gate and up
     tiles of one K step side by side, its K steps one after another."""
-    n, k = gate_up.shape[0] // 2, gate_up.shape[1]
-    halves = gate_up.view(2, n // block_n, block_n, k // block_k, block_k)
-    return halves.permute(1, 3, 0, 2, 4).contiguous()
+    return torch.stack([tiles(half, block_n, block_k) for half in gate_up.chunk(2)], dim=2)
 
 
 def tiled_swiglu(option: tuple[int, int, int, int]):
@@ -107,7 +110,7 @@ def tiled_swiglu(option: tuple[int, int, int, int]):
 
     def call(x: torch.Tensor, tiled: torch.Tensor) -> torch.Tensor:
         n, k = tiled.shape[0] * block_n, tiled.shape[1] * block_k
-        block_m = max(16, triton.next_power_of_2(x.shape[0]))
+        block_m = block_m_for(x.shape[0], swiglu_dense.MAX_BLOCK_M)
         out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
         _swiglu_tiled_kernel[(n // block_n, triton.cdiv(x.shape[0], block_m))](
             x, x.stride(0), tiled, out, out.stride(0), x.shape[0], n, k, BLOCK_M=block_m, BLOCK_N=block_n,
@@ -133,19 +136,22 @@ def triton_swiglu(option: tuple[int, int]):
     return call
 
 
-def down_tile_major(down: torch.Tensor, block_n: int, block_k: int) -> torch.Tensor:
-    """[N, K] as [N / block_n, K / block_k, block_n, block_k]."""
-    n, k = down.shape
-    return down.view(n // block_n, block_n, k // block_k, block_k).permute(0, 2, 1, 3).contiguous()
+def chosen(name: str, wanted: list[str]) -> bool:
+    """Whether ``--ways`` asks for the way ``name`` (any of its pieces in the name; none given: every way)."""
+    return not wanted or any(piece in name for piece in wanted)
 
 
-def tiled_down_runs(rows: int, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> list[dict]:
-    """Each ``TILED_DOWN`` launch against ``F.linear`` (µs a layer, streamed over the layers' copies)."""
+def tiled_down_runs(rows: int, layers: list[tuple[torch.Tensor, torch.Tensor]], wanted: list[str]) -> list[dict]:
+    """Each ``TILED_DOWN`` launch ``--ways`` asks for against ``F.linear`` (µs a layer, streamed over the
+    layers' copies). A program's rows of x are all of them (no tile index on M): ``rows`` at most 64."""
     act = torch.randn(rows, INTER, device="cuda", dtype=torch.bfloat16)
     expected = F.linear(act, layers[0][1]).float()
     runs = []
     for block_n, block_k, splits, stages, warps in TILED_DOWN:
-        weights = [down_tile_major(down, block_n, block_k) for _, down in layers]
+        name = f"tiled down N{block_n} K{block_k} splits {splits} stages {stages} warps {warps}"
+        if not chosen(name, wanted):
+            continue
+        weights = [tiles(down, block_n, block_k) for _, down in layers]
         block_m = max(16, triton.next_power_of_2(rows))
         part = torch.empty(splits, rows, HIDDEN, device="cuda", dtype=torch.float32)
 
@@ -155,7 +161,6 @@ def tiled_down_runs(rows: int, layers: list[tuple[torch.Tensor, torch.Tensor]]) 
                 K_BLOCKS=INTER // block_k // splits, num_warps=warps, num_stages=stages)
             return part
 
-        name = f"tiled down N{block_n} K{block_k} splits {splits} stages {stages} warps {warps}"
         res: dict = {"rows": rows, "way": name}
         try:
             res["max_err"] = (partials(weights[0]).sum(0) - expected).abs().max().item()
@@ -193,11 +198,11 @@ def main() -> None:
                 **{f"triton swiglu K{bk} stages {st}": triton_swiglu((bk, st))
                    for bk, st in dict.fromkeys([*swiglu_dense.OPTIONS, *CANDIDATES])}}
         expected = cublas_swiglu(x, layers[0][0]).float()
-        for option in TILED:
-            ways[f"tiled N{option[0]} K{option[1]} stages {option[2]} warps {option[3]}"] = (option, tiled_swiglu(option))
+        for bn, bk, st, wp in TILED:
+            ways[f"tiled N{bn} K{bk} stages {st} warps {wp}"] = ((bn, bk, st, wp), tiled_swiglu((bn, bk, st, wp)))
         wanted = [piece for piece in args.ways.split(",") if piece]
         for name, fn in ways.items():
-            if wanted and not any(piece in name for piece in wanted):
+            if not chosen(name, wanted):
                 continue
             res: dict = {"rows": rows, "way": name}
             weights = [gate_up for gate_up, _ in layers]
@@ -220,8 +225,7 @@ def main() -> None:
             del graph, weights
             print(res, flush=True)
             found["runs"].append(res)
-        if not wanted or "down" in wanted:
-            found["runs"] += tiled_down_runs(rows, layers)
+        found["runs"] += tiled_down_runs(rows, layers, wanted)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / f"dense_mlp_probe_{args.label}.json").write_text(json.dumps(found, indent=1))
 
