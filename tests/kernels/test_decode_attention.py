@@ -24,9 +24,9 @@ def test_kernel_under_interpreter():
 
 
 def _case(device: str, dtype: torch.dtype, n_heads: int, n_kv: int, d: int, norms: bool, seed: int = 0,
-          cursors: tuple[int, ...] = (0, 5, 70, 79)):
+          cursors: tuple[int, ...] = (0, 5, 140, 159)):
     gen = torch.Generator().manual_seed(seed)
-    slots, cache_len = 4, cursors[-1] + 1  # 80 by default > BLOCK_L: two blocks, the second partial
+    slots, cache_len = 4, cursors[-1] + 1  # 160 by default > BLOCK_L: two blocks, the second partial
 
     def randn(*shape):
         return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
@@ -76,8 +76,8 @@ def test_matches_the_pytorch_decode_step(dtype, n_heads, n_kv, d, norms):
 def test_the_leanest_launch_computes_the_same_step(option, monkeypatch):
     """A card with less shared memory a block falls back to fewer pipeline stages and fewer cache positions
     an iteration (grpo/kernels/fit.py; an fp32 cache at the first option asks 140 KiB, an RTX card
-    allows 99): the first and the last option both match the PyTorch step (80 cached positions: two
-    blocks of 64, three of 32)."""
+    allows 99): the first and the last option both match the PyTorch step (160 cached positions: two
+    blocks of 128, five of 32)."""
     from grpo.kernels import decode_attention as da
     from grpo.kernels import fit
 
@@ -106,7 +106,7 @@ def test_cache_splits_by_hand():
 
 
 @pytest.mark.parametrize("dtype,n_heads,n_kv,d,norms,programs", [
-    (torch.float32, 6, 2, 32, True, 32),      # four shares of one block (cache of 200: the last share partial)
+    (torch.float32, 6, 2, 32, True, 32),      # four shares of one block (cache of 400: the last share partial)
     (torch.float32, 2, 1, 64, False, 8),      # two shares of two blocks
     (torch.bfloat16, 12, 2, 128, False, 32),  # the R1-Distill-1.5B layout, four shares
     (torch.bfloat16, 4, 4, 64, True, 10_000),  # more programs asked than blocks: one share a block
@@ -119,8 +119,8 @@ def test_shares_of_the_cache_match_the_pytorch_decode_step(dtype, n_heads, n_kv,
 
     device = kernel_device()
     qkv, cos, sin, k_cache, v_cache, valid, cursor, w1 = _case(device, dtype, n_heads, n_kv, d, norms, seed=1,
-                                                               cursors=(3, 100, 128, 199))
-    valid[1, :64] = False  # slot 1's first block all pads
+                                                               cursors=(3, 200, 256, 399))
+    valid[1, :128] = False  # slot 1's first block all pads
     eps = 1e-6
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     ref = torch_decode_attention(qkv, cos, sin, ref_k, ref_v, valid, cursor, k_cache.shape[2], w1,
