@@ -6,7 +6,7 @@
 # the call's BUDGET seconds last (default 570, so the packing below always runs):
 #   AB=1      the baseline tree's step on the same project (the tree in .baseline, carried);
 #   TESTS=... pytest on this GPU (e.g. the kernels' CUDA cases);
-#   DECODE=1  the rollouts' tok/s at 16 and 64 sequences (bench/decode_speed.py);
+#   DECODE=1  the rollouts' tok/s at 16 and 64 sequences (bench/decode_speed.py); with AB=1 the baseline's too;
 #   MLP=1     the dense gate/up and down kernels against tile-major copies (bench/dense_mlp_probe.py);
 #   PROBE=1   the decode attention's launch sweep (bench/decode_attention_probe.py).
 # Random weights at the R1-Distill-Qwen-1.5B shape. Carry .pylib (TRL=1 bench/device_pylib.sh), .gpu (the
@@ -34,6 +34,8 @@ trace=/tmp/gpu_stages_work/logs/profile/trace.json.gz
 [ -f "$trace" ] && within 40 gaps.log python3 bench/trace_gaps.py "$trace" --out "$OUT/trace_gaps.json"
 [ -n "${TESTS:-}" ] && within 120 tests.log python3 -m pytest -q -x -p no:cacheprovider $TESTS
 [ "${DECODE:-0}" = 1 ] && within 120 decode.log python3 bench/decode_speed.py --label must
+[ "${DECODE:-0}${AB:-0}" = 11 ] && GRPO_TREE=$PWD/.baseline within 120 decode_old.log \
+    python3 bench/decode_speed.py --label old
 [ "${MLP:-0}" = 1 ] && within 120 mlp.log python3 bench/dense_mlp_probe.py --label tiled \
     --ways "cublas,K64 stages 4,tiled"
 [ "${PROBE:-0}" = 1 ] && within 60 probe.log python3 bench/decode_attention_probe.py
