@@ -36,8 +36,9 @@ def launch_options() -> list[tuple[int, int, int]]:
     """(BLOCK, Triton's num_stages, num_warps) to try in turn (grpo/kernels/fit.py), fastest first: 128
     positions an iteration in two stages (R1-Distill-1.5B's heads on an H100, a layer's call at 640 cached
     positions: 25.0 -> 21.2 µs at 64 slots, 16.3 -> 15.2 at 16 slots, against 64 positions in three stages:
-    bench/decode_attention_probe.py, bench/RESULTS.md sixteenth session). An fp32 cache at 64 positions and
-    three stages asks for 140 KiB of shared memory, more than an RTX card's 99 KiB a block (bench/smem_fit.py)."""
+    bench/decode_attention_probe.py, bench/RESULTS.md sixteenth session). bf16 asks 72 KiB of shared memory a
+    program there; an fp32 cache asks 144 KiB, and 140 at the second option, more than an RTX card's 99 KiB a
+    block, so it runs the third (76; bench/smem_fit.py)."""
     return [(BLOCK_L, 2, 4), (BLOCK_L // 2, 3, 4), (BLOCK_L // 2, 2, 4), (BLOCK_L // 4, 2, 4), (BLOCK_L // 4, 1, 4)]
 
 
