@@ -89,7 +89,8 @@ def main() -> None:
                 try:
                     us = time_option(layers, option, programs)
                 except Exception as exc:  # an option that does not load here (shared memory) is reported
-                    rows.append({"slots": slots, "option": option, "programs": programs, "error": repr(exc)[:200]})
+                    rows.append({"slots": slots, "cursor": cursor, "option": option, "programs": programs,
+                                 "error": repr(exc)[:200]})
                     continue
                 shares = da.cache_splits(slots, KV_HEADS, args.cache, option[0], programs)[1]
                 rows.append({"slots": slots, "cursor": cursor, "option": option, "programs": programs,
