@@ -66,3 +66,14 @@ def test_a_profile_file_over_the_devices_limit_comes_back_in_parts_that_rejoin(t
     assert (out / "memory_snapshot.pickle").read_bytes() == b"small"
     with tarfile.open(out / "profile.tar.gz") as tar:
         assert tar.getnames() == ["phases.txt"]
+
+
+def test_the_steady_job_runs_the_shipped_settings_once_then_each_candidate():
+    from bench import steady_step
+
+    assert steady_step.runs({}) == [("shipped", {})]  # no changes: the shipped run measures both
+    dense = {"train.dense_training": True}
+    assert steady_step.runs(dense) == [("shipped", {}), ("winner", dense)]
+    two = [{"train.train_batch_size": 32}, {}, dense]
+    assert steady_step.runs(two) == [("shipped", {}), ("winner", {"train.train_batch_size": 32}),
+                                     ("winner2", dense)]
