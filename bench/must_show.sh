@@ -31,7 +31,7 @@ jobs=${JOBS:-trl,steady:7.5}${EXTRA:+,$EXTRA}
 [ "${AB:-0}" = 1 ] && within 150 old.log python3 .baseline/bench/steady_step.py --project /tmp/gpu_stages_work \
     --out "$OUT/steady_old" --steps "$steps" --cap-gib 7.5 --winner '{}'
 trace=/tmp/gpu_stages_work/logs/profile/trace.json.gz
-[ -f "$trace" ] && within 40 gaps.log python3 bench/trace_gaps.py "$trace" --out "$OUT/trace_gaps.json"
+[ -f "$trace" ] && within 40 gaps.log python3 bench/trace_gaps.py "$trace" --top 60 --out "$OUT/trace_gaps.json"
 [ -n "${TESTS:-}" ] && within 120 tests.log python3 -m pytest -q -x -p no:cacheprovider $TESTS
 [ "${DECODE:-0}" = 1 ] && within 120 decode.log python3 bench/decode_speed.py --label must
 [ "${DECODE:-0}${AB:-0}" = 11 ] && GRPO_TREE=$PWD/.baseline within 120 decode_old.log \

@@ -120,13 +120,14 @@ def main() -> None:
     parser.add_argument("trace", type=Path)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--min-gap-us", type=float, default=20.0)
+    parser.add_argument("--top", type=int, default=15, help="rows a list keeps (the JSON; the printout keeps 15)")
     args = parser.parse_args()
-    report = analyse(load(args.trace), args.min_gap_us)
+    report = analyse(load(args.trace), args.min_gap_us, args.top)
     for phase, r in report.items():
         print(f"{phase}: {r['count']}x, wall {r['wall_ms']} ms, GPU busy {r['gpu_busy_ms']} ms, idle {r['idle_ms']} ms")
-        for name, ms in r["idle_by_host_event_ms"].items():
+        for name, ms in list(r["idle_by_host_event_ms"].items())[:15]:
             print(f"    {ms:9.2f} ms idle while the host ran {name}")
-        for name, ms in r["kernels_ms"].items():
+        for name, ms in list(r["kernels_ms"].items())[:15]:
             print(f"    {ms:9.2f} ms in {name}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1))
