@@ -26,7 +26,7 @@ within() {  # within LIMIT LOG CMD...: CMD cut at LIMIT seconds or the call's bu
     [ "$limit" -gt "$(left)" ] && limit=$(left)
     timeout "$limit" "$@" > "$OUT/$log" 2>&1; echo "rc $? in ${SECONDS}s: $*"; tail -c 2000 "$OUT/$log"
 }
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"  # also marks the call's start
 jobs=${JOBS:-trl,steady:7.5}${EXTRA:+,$EXTRA}
 [ "${JOBS:-}" != none ] && within 600 step.log python3 bench/gpu_tune.py --jobs "$jobs" \
     --steady-steps "$steps" --profile-steps 1 --winner "${WINNER:-{\}}" --deadline-s "${DEADLINE:-330}"
@@ -46,4 +46,5 @@ trace=/tmp/gpu_stages_work/logs/profile/trace.json.gz
 [ "${PROBE:-0}" = 1 ] && within 60 probe.log python3 bench/decode_attention_probe.py
 cd "$OUT" && rm -f gpu_tune/memory_snapshot.pickle* gpu_tune/trace.json.gz* && \
     tar czf call.tar.gz --remove-files gpu.txt \
-        $(ls -d gpu_tune steady_old decode_* dense_mlp_* *.log *.json 2>/dev/null)
+        $(find gpu_tune steady_old decode_* dense_mlp_* *.log *.json -maxdepth 0 -newer gpu.txt 2>/dev/null | sort -u)
+# (only what this call wrote: a reused machine's $OUT held an earlier session's decode_* files)
