@@ -70,9 +70,16 @@ def dense_base(model: torch.nn.Module, enabled: bool = True) -> Iterator[int]:
 def dense_for_training(model: torch.nn.Module, enabled: bool) -> Iterator[int]:
     """``dense_base`` for a step's training passes. The copies it had to make are freed at the end, so
     generation gets that memory back (the static GPU decoder builds copies of its own); copies that
-    generation cached (``train.dense_generation`` off the static decoder) are reused and kept."""
+    generation cached (``train.dense_generation`` off the static decoder) are reused and kept.
+
+    Every copy is made on entry, not at a layer's first forward: a compiled, checkpointed layer whose
+    first forward made its copy would recompute in backward along the other branch (copy cached), saving
+    other tensors, which torch.utils.checkpoint rejects (seen on an H100 with the 8 GB preset's step)."""
     modules = linear4bit_modules(model) if enabled else []
     cached = {id(m) for m in modules if getattr(m, "_dense_weight", None) is not None}
+    with torch.no_grad():
+        for m in modules:
+            dense_weight(m)
     with dense_base(model, enabled) as switched:
         try:
             yield switched

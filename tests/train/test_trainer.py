@@ -122,6 +122,25 @@ def test_compiled_layers_take_the_eager_step_and_generation_stays_eager(tmp_path
     assert len({id(layer._compiled_forward) for layer in layers}) == len(layers)
 
 
+def test_dense_training_in_compiled_checkpointed_layers_takes_the_4bit_step(tmp_path, tiny_model_dir):
+    """The 8 GB preset's training: β = 0 and μ = 1 (no scoring pass, so the first pass that touches a layer is a
+    checkpointed training forward), compiled layers and a dense copy. The copy must exist before that forward:
+    made inside it, the compiled layer's backward recomputed along another branch and torch.utils.checkpoint
+    rejected the step (an H100 run failed so). Two steps take the eager 4-bit run's gradient norm, entropy and
+    ratio, and the copies are freed after each step's training."""
+    from grpo.model.dequant import linear4bit_modules
+
+    preset = {"max_steps": 2, "val_every": 10, "dense_generation": False, "beta": 0.0, "num_iterations": 1,
+              "gradient_checkpointing": True}
+    eager = run(tmp_path, tiny_model_dir, params(**preset), "eager").history
+    trainer = run(tmp_path, tiny_model_dir, params(**preset, compile_layers=True, dense_training=True), "dense")
+    for step, (got, expected) in enumerate(zip(trainer.history, eager)):
+        assert got["reward_mean"] == expected["reward_mean"], step
+        for key in ("grad_norm", "entropy_mean", "ratio_mean"):
+            assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), (step, key)
+    assert all(getattr(m, "_dense_weight", None) is None for m in linear4bit_modules(trainer.model))
+
+
 def test_dense_training_takes_the_4bit_step(tmp_path, tiny_model_dir):
     """train.dense_training runs the scoring pass (β > 0: the reference under lora_disabled; μ = 2: old
     log-probs) and the updates on a dense copy of the 4-bit base: the first step, on the same rollouts,
