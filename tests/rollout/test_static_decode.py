@@ -175,8 +175,9 @@ def test_a_4bit_mlp_read_in_4_bits_decodes_what_generate_does(tiny_model_dir, to
                     reason="inductor's CPU code once, not again under the interpreter")
 def test_compiled_step_decodes_the_eager_steps_tokens(tiny_model_dir, tokenizer, prompts):
     """The parts a GPU compiles (layer parts, embedding and RoPE, final norm + LM head + sampler, the
-    in-place bookkeeping), compiled by inductor for this CPU: the same tokens and stops as the eager step,
-    greedy and sampled (the GPU tests above check only greedy decoding through them)."""
+    in-place bookkeeping), compiled by inductor for this CPU with the decoder's options (``compile_options``:
+    programmatic dependent launch, which inductor emits only on Hopper and newer): the same tokens and stops as
+    the eager step, greedy and sampled (the GPU tests above check only greedy decoding through them)."""
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     end_id = tokenizer.convert_tokens_to_ids("<|im_end|>")
     greedy = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
