@@ -6,8 +6,9 @@ and data, a scratch project, its own process; on a GPU the allocator capped at `
 ``torch.profiler``. Writes to ``--out``:
 
 - ``trace.json.gz``: the Chrome/Perfetto trace (open it at ui.perfetto.dev or chrome://tracing), phases
-  labelled ``grpo/generate``, ``grpo/score``, ``grpo/train`` (of which ``grpo/train_micro_batch`` and
-  ``grpo/optimizer``);
+  labelled ``grpo/generate`` (inside it the static decoder's ``grpo/decoder.refresh``, ``.prefill`` and
+  ``.capture``, and ``grpo/engine.detokenize``: bench/trace_gaps.py gives each its own idle row), ``grpo/score``,
+  ``grpo/train`` (of which ``grpo/train_micro_batch`` and ``grpo/optimizer``);
 - on CUDA, ``memory_snapshot.pickle`` (drag it onto pytorch.org/memory_viz) and ``memory.png``, the
   allocated memory over the run drawn offline (torch's own HTML viewer loads its script from the network);
 - ``phases.txt`` / ``phases.json``: per phase, wall time, GPU busy time (the time the device ran kernels or

@@ -347,6 +347,7 @@ def test_profile_writes_a_trace_with_labelled_phases_and_a_table(prepared_projec
     trace = json.loads(gzip.open(out / "trace.json.gz").read())
     names = {e.get("name") for e in trace["traceEvents"]}
     assert {"grpo/generate", "grpo/score", "grpo/train", "grpo/train_micro_batch", "grpo/optimizer"} <= names
+    assert "grpo/engine.detokenize" in names  # a sub-phase of generate (the static decoder's run on a GPU only)
     rows = {r["phase"]: r for r in json.loads((out / "phases.json").read_text())["rows"]}
     # one profiled step after the warm-up: one of each phase, micro-batches as the step had them
     assert rows["generate"]["count"] == rows["train"]["count"] == rows["optimizer"]["count"] == 1

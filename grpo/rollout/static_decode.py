@@ -179,8 +179,9 @@ class StaticDecoder:
     def refresh(self) -> None:
         """(Re)build each layer's weight tuples from the live modules: refolds merged LoRA, re-reads
         unmerged LoRA. Tensors are rebuilt, so graphs captured before are stale (generate recaptures)."""
-        self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora, self.read_4bit_mlp,
-                                      self.fused_mlp) for layer in self.body.layers]
+        with torch.profiler.record_function("grpo/decoder.refresh"):  # a sub-phase in a `grpo.profile` trace
+            self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora, self.read_4bit_mlp,
+                                          self.fused_mlp) for layer in self.body.layers]
 
     def release(self) -> None:
         """Free the dense and merged weight copies until the next ``refresh`` (re-de-quantising a
@@ -248,6 +249,10 @@ class StaticDecoder:
     def _prefill(self, wave: Wave, prompts: list[list[int]], keys: Tensor, limits: list[int]) -> None:
         """Prefill the wave's prompts, left-padded to its width, into their slots' cache rows, reset
         those slots' state and emit each row's first token."""
+        with torch.profiler.record_function("grpo/decoder.prefill"):
+            self._prefill_wave(wave, prompts, keys, limits)
+
+    def _prefill_wave(self, wave: Wave, prompts: list[list[int]], keys: Tensor, limits: list[int]) -> None:
         dev, width = self.device, wave.width
         rows, pad = [prompts[r] for r in wave.rows], self.pad
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=dev)
@@ -307,28 +312,34 @@ class StaticDecoder:
         Capture itself only records."""
         graph = self._graphs.get(self.graph_key(length))
         if graph is None:
-            saved = [t.clone() for t in self._state()]
-            if self._side is None:
-                self._side = torch.cuda.Stream()
-            side = self._side
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
+            with torch.profiler.record_function("grpo/decoder.capture"):
+                graph = self._capture(length)
+        return graph
+
+    def _capture(self, length: int) -> torch.cuda.CUDAGraph:
+        """``_graph``'s capture: a warm-up step on the side stream, the state restored, then the capture."""
+        saved = [t.clone() for t in self._state()]
+        if self._side is None:
+            self._side = torch.cuda.Stream()
+        side = self._side
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._decode_step(length)
+        torch.cuda.current_stream().wait_stream(side)
+        for live, before in zip(self._state(), saved):
+            live.copy_(before)
+        # captured on the warm-up's stream directly: torch.cuda.graph would first synchronise and empty the
+        # device and host caches (cudaFree, cudaFreeHost: a 40 ms idle gap in an 8 GiB step's profile on an
+        # H100; the blocks freed are allocated again after); the private pool takes what the step allocates
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(side):
+            graph.capture_begin(pool=self._pool)
+            try:
                 self._decode_step(length)
-            torch.cuda.current_stream().wait_stream(side)
-            for live, before in zip(self._state(), saved):
-                live.copy_(before)
-            # captured on the warm-up's stream directly: torch.cuda.graph would first synchronise and empty the
-            # device and host caches (cudaFree, cudaFreeHost: a 40 ms idle gap in an 8 GiB step's profile on an
-            # H100; the blocks freed are allocated again after); the private pool takes what the step allocates
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(side):
-                graph.capture_begin(pool=self._pool)
-                try:
-                    self._decode_step(length)
-                finally:
-                    graph.capture_end()
-            torch.cuda.current_stream().wait_stream(side)
-            self._graphs[self.graph_key(length)] = graph
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(side)
+        self._graphs[self.graph_key(length)] = graph
         return graph
 
     def _collect(self, schedule: SlotSchedule, results: list, on_done) -> None:
