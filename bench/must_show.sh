@@ -7,14 +7,12 @@
 #   AB=1      the baseline tree's step on the same project (the tree in .baseline, carried);
 #   TESTS=... pytest on this GPU (e.g. the kernels' CUDA cases);
 #   DECODE=1  the rollouts' tok/s at 16 and 64 sequences (bench/decode_speed.py); with AB=1 the baseline's too;
-#   PDL=1     the same with inductor's programmatic dependent launch (TORCHINDUCTOR_ENABLE_PDL=1: a compiled kernel
-#             may start while the one before it ends; Hopper and newer), and how many generated kernels wait;
 #   MLP=1     the dense gate/up and down kernels against tile-major copies (bench/dense_mlp_probe.py);
 #   PROBE=1   the decode attention's launch sweep (bench/decode_attention_probe.py).
 # Random weights at the R1-Distill-Qwen-1.5B shape. Carry .pylib (TRL=1 bench/device_pylib.sh), .gpu (the
 # reference bench) and, for AB, .baseline. Everything packed in $OUT/call.tar.gz.
 #     OUT=... [WINNER=...] [JOBS=steady:7.5] [EXTRA=profile:7.5] [DEADLINE=330] [AB=1] [TESTS=...] [DECODE=1]
-#         [PDL=1] [MLP=1] [PROBE=1] bash bench/must_show.sh [steady steps, 3]
+#         [MLP=1] [PROBE=1] bash bench/must_show.sh [steady steps, 3]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/.pylib${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -38,9 +36,6 @@ trace=/tmp/gpu_stages_work/logs/profile/trace.json.gz
 [ "${DECODE:-0}" = 1 ] && within 120 decode.log python3 bench/decode_speed.py --label must
 [ "${DECODE:-0}${AB:-0}" = 11 ] && GRPO_TREE=$PWD/.baseline within 120 decode_old.log \
     python3 bench/decode_speed.py --label old
-[ "${PDL:-0}" = 1 ] && TORCHINDUCTOR_ENABLE_PDL=1 within 150 decode_pdl.log python3 bench/decode_speed.py --label pdl \
-    && echo "generated kernels that wait (gdc_wait): $(grep -rl gdc_wait /tmp/torchinductor_* 2>/dev/null | wc -l)" \
-    | tee -a "$OUT/decode_pdl.log"
 [ "${MLP:-0}" = 1 ] && within 120 mlp.log python3 bench/dense_mlp_probe.py --label tiled \
     --ways "cublas,K64 stages 4,tiled"
 [ "${PROBE:-0}" = 1 ] && within 60 probe.log python3 bench/decode_attention_probe.py
