@@ -5,8 +5,9 @@ fixed buffers, and on CUDA that step captured as CUDA graphs.
 Why not ``model.generate``: at the R1-Distill-1.5B shape HF launches well over a thousand small
 kernels a decode step from Python, so a step costs tens of milliseconds whatever the batch
 (nf4 generate reaches 317 tok/s at batch 64, 0.3% of the bandwidth floor: docs/ARCHITECTURE.md,
-"Facts measured"). Here the whole step (28 layers, LM head, temperature / top-k / top-p, sampling, stop bookkeeping) is one graph
-replay; the host syncs only every ``sync_every`` steps, or when a row reaches its length limit.
+"Facts measured"). Here the whole step (28 layers, LM head, temperature / top-k / top-p, sampling, stop
+bookkeeping) is one graph replay; the host syncs only every ``sync_every`` steps, or when a row reaches its
+length limit.
 Inside the graph the kernels still run one after another, and at small batches their count, not the
 weights they read, bounds a step: so on CUDA each layer's attention (RoPE, the cache write, the
 softmax over the slot's cache) is one Triton kernel (grpo/kernels/decode_attention.py), the parts
@@ -249,10 +250,6 @@ class StaticDecoder:
     def _prefill(self, wave: Wave, prompts: list[list[int]], keys: Tensor, limits: list[int]) -> None:
         """Prefill the wave's prompts, left-padded to its width, into their slots' cache rows, reset
         those slots' state and emit each row's first token."""
-        with torch.profiler.record_function("grpo/decoder.prefill"):
-            self._prefill_wave(wave, prompts, keys, limits)
-
-    def _prefill_wave(self, wave: Wave, prompts: list[list[int]], keys: Tensor, limits: list[int]) -> None:
         dev, width = self.device, wave.width
         rows, pad = [prompts[r] for r in wave.rows], self.pad
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in rows], device=dev)
@@ -313,33 +310,28 @@ class StaticDecoder:
         graph = self._graphs.get(self.graph_key(length))
         if graph is None:
             with torch.profiler.record_function("grpo/decoder.capture"):
-                graph = self._capture(length)
-        return graph
-
-    def _capture(self, length: int) -> torch.cuda.CUDAGraph:
-        """``_graph``'s capture: a warm-up step on the side stream, the state restored, then the capture."""
-        saved = [t.clone() for t in self._state()]
-        if self._side is None:
-            self._side = torch.cuda.Stream()
-        side = self._side
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self._decode_step(length)
-        torch.cuda.current_stream().wait_stream(side)
-        for live, before in zip(self._state(), saved):
-            live.copy_(before)
-        # captured on the warm-up's stream directly: torch.cuda.graph would first synchronise and empty the
-        # device and host caches (cudaFree, cudaFreeHost: a 40 ms idle gap in an 8 GiB step's profile on an
-        # H100; the blocks freed are allocated again after); the private pool takes what the step allocates
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.stream(side):
-            graph.capture_begin(pool=self._pool)
-            try:
-                self._decode_step(length)
-            finally:
-                graph.capture_end()
-        torch.cuda.current_stream().wait_stream(side)
-        self._graphs[self.graph_key(length)] = graph
+                saved = [t.clone() for t in self._state()]
+                if self._side is None:
+                    self._side = torch.cuda.Stream()
+                side = self._side
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    self._decode_step(length)
+                torch.cuda.current_stream().wait_stream(side)
+                for live, before in zip(self._state(), saved):
+                    live.copy_(before)
+                # captured on the warm-up's stream directly: torch.cuda.graph would first synchronise and empty the
+                # device and host caches (cudaFree, cudaFreeHost: a 40 ms idle gap in an 8 GiB step's profile on an
+                # H100; the blocks freed are allocated again after); the private pool takes what the step allocates
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.stream(side):
+                    graph.capture_begin(pool=self._pool)
+                    try:
+                        self._decode_step(length)
+                    finally:
+                        graph.capture_end()
+                torch.cuda.current_stream().wait_stream(side)
+                self._graphs[self.graph_key(length)] = graph
         return graph
 
     def _collect(self, schedule: SlotSchedule, results: list, on_done) -> None:
@@ -394,7 +386,8 @@ class StaticDecoder:
                 if wave is not None:
                     if before_prefill is not None:
                         before_prefill(n_slots)
-                    self._prefill(wave, prompts, keys, limits)
+                    with torch.profiler.record_function("grpo/decoder.prefill"):  # sub-phases in a profile
+                        self._prefill(wave, prompts, keys, limits)
                 stop = schedule.next_sync()
                 while schedule.step < stop:
                     length = schedule.length()
