@@ -126,14 +126,15 @@ def test_dense_training_in_compiled_checkpointed_layers_takes_the_4bit_step(tmp_
     """The 8 GB preset's training: β = 0 and μ = 1 (no scoring pass, so the first pass that touches a layer is a
     checkpointed training forward), compiled layers and a dense copy. The copy must exist before that forward:
     made inside it, the compiled layer's backward recomputed along another branch and torch.utils.checkpoint
-    rejected the step (an H100 run failed so). Two steps take the eager 4-bit run's gradient norm, entropy and
-    ratio, and the copies are freed after each step's training."""
+    rejected the step (an H100 run failed so). Both steps take the eager 4-bit run's gradient norm, entropy and
+    ratio, and no copy outlives the last step's training."""
     from grpo.model.dequant import linear4bit_modules
 
     preset = {"max_steps": 2, "val_every": 10, "dense_generation": False, "beta": 0.0, "num_iterations": 1,
               "gradient_checkpointing": True}
     eager = run(tmp_path, tiny_model_dir, params(**preset), "eager").history
     trainer = run(tmp_path, tiny_model_dir, params(**preset, compile_layers=True, dense_training=True), "dense")
+    assert len(trainer.history) == len(eager) == 2
     for step, (got, expected) in enumerate(zip(trainer.history, eager)):
         assert got["reward_mean"] == expected["reward_mean"], step
         for key in ("grad_norm", "entropy_mean", "ratio_mean"):
