@@ -51,6 +51,11 @@ CUDA_RUNTIME_BYTES = int(0.75 * GIB)  # CUDA context, cuBLAS workspaces, allocat
 # pools, fragmentation (grpo/rollout/budget.py)
 GENERATION_MARGIN = int(0.5 * GIB)
 LORA_TRAIN_BYTES = 16  # per LoRA parameter in training: fp32 value, gradient, AdamW's two moments
+# a checkpointed decoder layer's live set in backward, in eager layers' "one layer" (``plan_training``): eager keeps
+# the recomputed layer and its gradients (2); compiled on CUDA (train.compile_layers), inductor frees each fused
+# intermediate at its last use: 1.06 and 0.94 measured on an H100 (the 8 GB preset, micro-batches of 16, two
+# builds; bench/RESULTS.md seventeenth session), planned with a margin
+COMPILED_LAYER_LIVE = 1.25
 LORA_LOADED_BYTES = 4  # per LoRA parameter of a loaded adapter: the fp32 value (grpo/model/lora.py)
 MERGEABLE = ("q_proj", "k_proj", "v_proj", "o_proj")  # the LoRA layers the static decoder folds into its copy
 
@@ -283,14 +288,15 @@ def plan_training(arch: Arch, p: TrainParams, *, dtype: str, prompt_tokens: int,
     shapes = arch.linear_shapes()
     bt = p.train_batch_size * (prompt_tokens + p.max_response_length)
     # one layer's live activations: norms' outputs, q/k/v/attention output, the MLP's gate, up and product,
-    # and the fp32 inputs the LoRA branches save; in backward, twice that (the recomputed layer and its
-    # gradients), which is the peak
+    # and the fp32 inputs the LoRA branches save; in backward, eager, twice that (the recomputed layer and its
+    # gradients), which is the peak (compiled: COMPILED_LAYER_LIVE)
     q_width = arch.num_attention_heads * arch.head_dim
     kv_width = arch.num_key_value_heads * arch.head_dim
     layer = bt * ((2 * arch.hidden_size + 2 * q_width + 2 * kv_width + 3 * arch.intermediate_size) * dt
                   + sum(shapes[t][0] for t in p.lora.targets) * 4)
     if p.gradient_checkpointing:
-        activations = arch.num_hidden_layers * bt * arch.hidden_size * dt + 2 * layer
+        live = COMPILED_LAYER_LIVE if p.compile_layers and cuda else 2
+        activations = arch.num_hidden_layers * bt * arch.hidden_size * dt + int(live * layer)
     else:  # every layer's saved set until backward reaches it, and one layer's gradients
         length = prompt_tokens + p.max_response_length
         activations = arch.num_hidden_layers * bt * saved_per_token(arch, p, dt=dt, length=length) + layer
