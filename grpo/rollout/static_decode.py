@@ -308,30 +308,31 @@ class StaticDecoder:
         and restored around it; the keys/values it wrote sit where the replayed step writes them again.
         Capture itself only records."""
         graph = self._graphs.get(self.graph_key(length))
-        if graph is None:
-            with torch.profiler.record_function("grpo/decoder.capture"):
-                saved = [t.clone() for t in self._state()]
-                if self._side is None:
-                    self._side = torch.cuda.Stream()
-                side = self._side
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
+        if graph is not None:
+            return graph
+        with torch.profiler.record_function("grpo/decoder.capture"):
+            saved = [t.clone() for t in self._state()]
+            if self._side is None:
+                self._side = torch.cuda.Stream()
+            side = self._side
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._decode_step(length)
+            torch.cuda.current_stream().wait_stream(side)
+            for live, before in zip(self._state(), saved):
+                live.copy_(before)
+            # captured on the warm-up's stream directly: torch.cuda.graph would first synchronise and empty the
+            # device and host caches (cudaFree, cudaFreeHost: a 40 ms idle gap in an 8 GiB step's profile on an
+            # H100; the blocks freed are allocated again after); the private pool takes what the step allocates
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(side):
+                graph.capture_begin(pool=self._pool)
+                try:
                     self._decode_step(length)
-                torch.cuda.current_stream().wait_stream(side)
-                for live, before in zip(self._state(), saved):
-                    live.copy_(before)
-                # captured on the warm-up's stream directly: torch.cuda.graph would first synchronise and empty the
-                # device and host caches (cudaFree, cudaFreeHost: a 40 ms idle gap in an 8 GiB step's profile on an
-                # H100; the blocks freed are allocated again after); the private pool takes what the step allocates
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.stream(side):
-                    graph.capture_begin(pool=self._pool)
-                    try:
-                        self._decode_step(length)
-                    finally:
-                        graph.capture_end()
-                torch.cuda.current_stream().wait_stream(side)
-                self._graphs[self.graph_key(length)] = graph
+                finally:
+                    graph.capture_end()
+            torch.cuda.current_stream().wait_stream(side)
+            self._graphs[self.graph_key(length)] = graph
         return graph
 
     def _collect(self, schedule: SlotSchedule, results: list, on_done) -> None:
