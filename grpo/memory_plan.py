@@ -51,13 +51,13 @@ CUDA_RUNTIME_BYTES = int(0.75 * GIB)  # CUDA context, cuBLAS workspaces, allocat
 # pools, fragmentation (grpo/rollout/budget.py)
 GENERATION_MARGIN = int(0.5 * GIB)
 LORA_TRAIN_BYTES = 16  # per LoRA parameter in training: fp32 value, gradient, AdamW's two moments
+LORA_LOADED_BYTES = 4  # per LoRA parameter of a loaded adapter: the fp32 value (grpo/model/lora.py)
+MERGEABLE = ("q_proj", "k_proj", "v_proj", "o_proj")  # the LoRA layers the static decoder folds into its copy
 # a checkpointed decoder layer's live set in backward, in eager layers' "one layer" (``plan_training``): eager keeps
 # the recomputed layer and its gradients (2); compiled on CUDA (train.compile_layers), inductor frees each fused
 # intermediate at its last use: 1.06 and 0.94 measured on an H100 (the 8 GB preset, micro-batches of 16, two
 # builds; bench/RESULTS.md seventeenth session), planned with a margin
 COMPILED_LAYER_LIVE = 1.25
-LORA_LOADED_BYTES = 4  # per LoRA parameter of a loaded adapter: the fp32 value (grpo/model/lora.py)
-MERGEABLE = ("q_proj", "k_proj", "v_proj", "o_proj")  # the LoRA layers the static decoder folds into its copy
 
 
 @dataclass(frozen=True)
