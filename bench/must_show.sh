@@ -4,7 +4,8 @@
 # shape) and EXTRA jobs
 # (e.g. profile:7.5, read by bench/trace_gaps.py here), all within DEADLINE seconds; then, when asked and while
 # the call's BUDGET seconds last (default 570, so the packing below always runs):
-#   AB=1      the baseline tree's step on the same project (the tree in .baseline, carried);
+#   AB=1      the baseline tree's step on the same project (the tree in .baseline, carried); AB=decode: only
+#             its rollouts (with DECODE=1);
 #   TESTS=... pytest on this GPU (e.g. the kernels' CUDA cases);
 #   DECODE=1  the rollouts' tok/s at 16 and 64 sequences (bench/decode_speed.py); with AB=1 the baseline's too;
 #   MLP=1     the dense gate/up and down kernels against tile-major copies (bench/dense_mlp_probe.py);
@@ -34,7 +35,7 @@ trace=/tmp/gpu_stages_work/logs/profile/trace.json.gz
 [ -f "$trace" ] && within 40 gaps.log python3 bench/trace_gaps.py "$trace" --top 60 --out "$OUT/trace_gaps.json"
 [ -n "${TESTS:-}" ] && within 120 tests.log python3 -m pytest -q -x -p no:cacheprovider $TESTS
 [ "${DECODE:-0}" = 1 ] && within 120 decode.log python3 bench/decode_speed.py --label must
-[ "${DECODE:-0}${AB:-0}" = 11 ] && GRPO_TREE=$PWD/.baseline within 120 decode_old.log \
+[ "${DECODE:-0}" = 1 ] && [ "${AB:-0}" != 0 ] && GRPO_TREE=$PWD/.baseline within 120 decode_old.log \
     python3 bench/decode_speed.py --label old
 [ "${MLP:-0}" = 1 ] && within 120 mlp.log python3 bench/dense_mlp_probe.py --label tiled \
     --ways "cublas,K64 stages 4,tiled"
