@@ -60,7 +60,7 @@ def _decode_attention(dtype: str, block: int) -> tuple:
     group = R1["heads"] // R1["kv_heads"]
     constants = {"HQ": R1["heads"], "HKV": R1["kv_heads"], "G": group, "GP": max(16, triton.next_power_of_2(group)),
                  "D": R1["head_dim"], "BLOCK": block, "CHUNK": 1024, "SPLITS": 1, "HAS_NORM": False,
-                 "DOT_FP32": dtype == "float32"}
+                 "DOT_FP32": dtype == "float32", "PDL": False}
     return decode_attention._decode_attention_kernel, signature, constants
 
 
@@ -103,7 +103,8 @@ def swiglu_dense_options(dtype: str, rows: int = 64) -> list[tuple[dict, tuple]]
                  "M": "i32", "N": "i32", "K": "i32"}
     return [({"num_stages": stages, "num_warps": 4},
              (swiglu_dense._swiglu_dense_kernel, signature,
-              {"BLOCK_M": rows, "BLOCK_N": swiglu_dense.BLOCK_N, "BLOCK_K": block_k, "DOT_IEEE": dtype == "float32"}))
+              {"BLOCK_M": rows, "BLOCK_N": swiglu_dense.BLOCK_N, "BLOCK_K": block_k, "DOT_IEEE": dtype == "float32",
+               "PDL": False}))
             for block_k, stages in swiglu_dense.OPTIONS]
 
 

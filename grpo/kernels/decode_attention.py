@@ -63,6 +63,16 @@ def fused_supported(device: torch.device, head_dim: int, group: int) -> bool:
     return triton_runs(device) and layout_supported(head_dim, group)
 
 
+def dependent_launch(device: torch.device) -> dict[str, bool]:
+    """Triton launch options for programmatic dependent launch where it exists (a Hopper or newer GPU; not the
+    interpreter): the kernel may be scheduled while the one before it still runs, and waits (``gdc_wait``,
+    under its ``PDL`` flag) before it reads anything that kernel may have written. Inductor's kernels in the
+    decoder launch so (grpo/rollout/static_decode.compile_options); launched the same way, ours start without
+    their launch latency after one of them."""
+    hopper = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    return {"launch_pdl": True} if triton is not None and hopper and not _interpreting() else {}
+
+
 if triton is not None:
 
     @triton.jit
@@ -72,7 +82,7 @@ if triton is not None:
             out_ptr, out_stride, part_ptr, stat_ptr, scale,
             HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
             BLOCK: tl.constexpr, CHUNK: tl.constexpr, SPLITS: tl.constexpr, HAS_NORM: tl.constexpr,
-            DOT_FP32: tl.constexpr):
+            DOT_FP32: tl.constexpr, PDL: tl.constexpr = False):
         slot = tl.program_id(0)
         head = tl.program_id(1)
         split = tl.program_id(2)
@@ -80,6 +90,8 @@ if triton is not None:
         # rotate_half(x)[d] = -x[d + D/2] for the first half, x[d - D/2] for the second
         rot = (d + D // 2) % D
         sign = tl.where(d < D // 2, -1.0, 1.0)
+        if PDL:  # before any load: whatever this reads, the kernel before may have written (q/k/v are its output)
+            tl.extra.cuda.gdc_wait()
         cos = tl.load(cos_ptr + slot * cs_stride + d).to(tl.float32)
         sin = tl.load(sin_ptr + slot * cs_stride + d).to(tl.float32)
         row = qkv_ptr + slot.to(tl.int64) * qkv_stride
@@ -158,9 +170,11 @@ if triton is not None:
 
     @triton.jit
     def _combine_splits_kernel(part_ptr, stat_ptr, out_ptr, out_stride, HQ: tl.constexpr, D: tl.constexpr,
-                               SPLITS: tl.constexpr, SP: tl.constexpr):
+                               SPLITS: tl.constexpr, SP: tl.constexpr, PDL: tl.constexpr = False):
         """One (slot, query head): the shares' outputs rescaled to their common maximum and summed, then
         divided by the summed softmax denominators (an empty share, max -inf and sums 0, weighs nothing)."""
+        if PDL:  # the shares are the kernel before's output
+            tl.extra.cuda.gdc_wait()
         slot = tl.program_id(0)
         qhead = tl.program_id(1)
         j = tl.arange(0, SP)
@@ -222,6 +236,7 @@ def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_c
     has_norm = q_norm is not None
     dot_fp32 = k_cache.dtype == torch.float32 or _interpreting()
     wanted = programs if programs is not None else _programs_wanted(qkv.device)
+    pdl = dependent_launch(qkv.device)
 
     def launch(option: tuple[int, int, int]) -> None:
         block, stages, warps = option
@@ -234,10 +249,11 @@ def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_c
             eps, k_cache, v_cache, k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), valid.view(torch.uint8),
             valid.stride(0), cursor, out, out.stride(0), part, stat, d ** -0.5,
             HQ=n_heads, HKV=n_kv, G=group, GP=max(16, triton.next_power_of_2(group)), D=d, BLOCK=block,
-            CHUNK=chunk, SPLITS=splits, HAS_NORM=has_norm, DOT_FP32=dot_fp32, num_stages=stages, num_warps=warps)
+            CHUNK=chunk, SPLITS=splits, HAS_NORM=has_norm, DOT_FP32=dot_fp32, PDL=bool(pdl), num_stages=stages,
+            num_warps=warps, **pdl)
         if splits > 1:
             _combine_splits_kernel[(slots, n_heads)](part, stat, out, out.stride(0), HQ=n_heads, D=d, SPLITS=splits,
-                                                     SP=triton.next_power_of_2(splits))
+                                                     SP=triton.next_power_of_2(splits), PDL=bool(pdl), **pdl)
 
     # fp32 caches get exact (not TF32) products; so does every dtype under Triton's interpreter, whose bf16
     # tl.dot returns garbage (Triton 3.9: numpy has no bf16), the only place the kernel's code differs

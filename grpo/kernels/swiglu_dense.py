@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from grpo.kernels.decode_attention import _interpreting, triton
+from grpo.kernels.decode_attention import _interpreting, dependent_launch, triton
 from grpo.kernels.fit import first_that_loads
 from grpo.kernels.matmul_4bit import block_m_for
 
@@ -29,8 +29,11 @@ if triton is not None:
 
     @triton.jit
     def _swiglu_dense_kernel(x_ptr, stride_xm, w_ptr, out_ptr, stride_om, M, N, K, BLOCK_M: tl.constexpr,
-                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_IEEE: tl.constexpr):
+                             BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOT_IEEE: tl.constexpr,
+                             PDL: tl.constexpr = False):
         # out^T = W x^T, so W is the left operand: a program streams its 64 weight rows once for all of x's rows
+        if PDL:  # x is the kernel before's output (decode_attention.dependent_launch)
+            tl.extra.cuda.gdc_wait()
         pid_n, pid_m = tl.program_id(0), tl.program_id(1)
         m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -67,13 +70,15 @@ def swiglu_dense(x: Tensor, gate_up: Tensor) -> Tensor:
         raise ValueError(f"swiglu_dense: K {k} must be a multiple of 64 and the weights contiguous")
     block_m = block_m_for(rows.shape[0], MAX_BLOCK_M)
     out = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)
+    pdl = dependent_launch(x.device)
 
     def launch(option: tuple[int, int]) -> Tensor:
         block_k, stages = option
         _swiglu_dense_kernel[(triton.cdiv(n, BLOCK_N), triton.cdiv(rows.shape[0], block_m))](
             rows, rows.stride(0), gate_up, out, out.stride(0), rows.shape[0], n, k, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
             # fp32: exact (not TF32) products; so does everything under the interpreter (numpy has no bf16)
-            BLOCK_K=block_k, DOT_IEEE=x.dtype == torch.float32 or _interpreting(), num_warps=4, num_stages=stages)
+            BLOCK_K=block_k, DOT_IEEE=x.dtype == torch.float32 or _interpreting(), PDL=bool(pdl), num_warps=4,
+            num_stages=stages, **pdl)
         return out
 
     first_that_loads(("swiglu_dense", x.device, x.dtype, block_m), OPTIONS, launch)

@@ -53,3 +53,45 @@ def test_the_dense_gate_up_kernel_has_an_option_that_fits(arch, dtype):
     shared = [triton.compile(source(*kernel), target=GPUTarget("cuda", arch, 32), options=options).metadata.shared
               for options, kernel in swiglu_dense_options(dtype)]
     assert any(size <= limit for size in shared), f"no option of swiglu_dense fits sm_{arch}: {shared} > {limit}"
+
+
+def test_the_decode_kernels_wait_for_the_kernel_before_only_when_launched_dependent():
+    """Programmatic dependent launch (``decode_attention.dependent_launch``): compiled for an H100 with ``PDL`` and
+    Triton's ``launch_pdl``, the attention (whole caches and shares), the shares' combine and the dense gate/up
+    kernel wait on the kernel before (PTX ``griddepcontrol.wait``) before their first load; compiled as an RTX
+    card gets them (no ``PDL``), they hold no such instruction, which sm_86 does not have."""
+    from triton.backends.compiler import GPUTarget
+
+    from bench.smem_fit import _decode_attention, source, swiglu_dense_options
+    from grpo.kernels import decode_attention
+
+    attention = _decode_attention("bfloat16", decode_attention.BLOCK_L)
+    shares = (attention[0], attention[1], {**attention[2], "SPLITS": 4, "CHUNK": 256})
+    combine = (decode_attention._combine_splits_kernel,
+               {"part_ptr": "*fp32", "stat_ptr": "*fp32", "out_ptr": "*bf16", "out_stride": "i32"},
+               {"HQ": 12, "D": 128, "SPLITS": 4, "SP": 4})
+    gate_up_options, gate_up = swiglu_dense_options("bfloat16")[0]
+    for fn, signature, constants in (attention, shares, combine, gate_up):
+        for arch, pdl in ((90, True), (86, False)):
+            options = {"num_warps": 4, **({"launch_pdl": True} if pdl else {})}
+            ptx = triton.compile(source(fn, signature, {**constants, "PDL": pdl}), target=GPUTarget("cuda", arch, 32),
+                                 options=options).asm["ptx"]
+            assert ("griddepcontrol.wait" in ptx) == pdl, (fn.__name__, arch)
+            if pdl:  # nothing is read from global memory before the wait
+                assert "ld.global" not in ptx.split("griddepcontrol.wait")[0], fn.__name__
+
+
+def test_dependent_launch_only_on_hopper_or_newer(monkeypatch):
+    """Only a CUDA device of compute capability 9.0 or more launches dependent (``griddepcontrol`` is sm_90 PTX).
+    The capability is mocked: this machine has no GPU."""
+    import torch
+
+    from grpo.kernels import decode_attention
+
+    cuda = torch.device("cuda")
+    for capability, expected in (((9, 0), {"launch_pdl": True}), ((10, 0), {"launch_pdl": True}), ((8, 6), {})):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, c=capability: c)
+        assert decode_attention.dependent_launch(cuda) == expected, capability
+    assert decode_attention.dependent_launch(torch.device("cpu")) == {}
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert decode_attention.dependent_launch(cuda) == {}  # the interpreter runs no PTX
