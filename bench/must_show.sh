@@ -9,11 +9,12 @@
 #   TESTS=... pytest on this GPU (e.g. the kernels' CUDA cases);
 #   DECODE=1  the rollouts' tok/s at 16 and 64 sequences (bench/decode_speed.py); with AB=1 the baseline's too;
 #   MLP=1     the dense gate/up and down kernels against tile-major copies (bench/dense_mlp_probe.py);
-#   PROBE=1   the decode attention's launch sweep (bench/decode_attention_probe.py).
+#   PROBE=1   the decode attention's launch sweep (bench/decode_attention_probe.py);
+#   LINEAR=1  the split-K decode matmul against cuBLAS (bench/decode_linear_probe.py).
 # Random weights at the R1-Distill-Qwen-1.5B shape. Carry .pylib (TRL=1 bench/device_pylib.sh), .gpu (the
 # reference bench) and, for AB, .baseline. Everything packed in $OUT/call.tar.gz.
 #     OUT=... [WINNER=...] [JOBS=steady:7.5] [EXTRA=profile:7.5] [DEADLINE=330] [AB=1] [TESTS=...] [DECODE=1]
-#         [MLP=1] [PROBE=1] bash bench/must_show.sh [steady steps, 3]
+#         [MLP=1] [PROBE=1] [LINEAR=1] bash bench/must_show.sh [steady steps, 3]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD/.pylib${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -40,6 +41,7 @@ trace=/tmp/gpu_stages_work/logs/profile/trace.json.gz
 [ "${MLP:-0}" = 1 ] && within 120 mlp.log python3 bench/dense_mlp_probe.py --label tiled \
     --ways "cublas,K64 stages 4,tiled"
 [ "${PROBE:-0}" = 1 ] && within 60 probe.log python3 bench/decode_attention_probe.py
+[ "${LINEAR:-0}" = 1 ] && within 90 linear.log python3 bench/decode_linear_probe.py --label must
 cd "$OUT" && rm -f gpu_tune/memory_snapshot.pickle* gpu_tune/trace.json.gz* && \
     tar czf call.tar.gz --remove-files gpu.txt \
         $(find gpu_tune steady_old decode_* dense_mlp_* *.log *.json -maxdepth 0 -newer gpu.txt 2>/dev/null | sort -u)

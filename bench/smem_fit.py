@@ -27,7 +27,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from grpo.kernels import decode_attention, logprob_entropy, matmul_4bit, swiglu_dense  # noqa: E402
+from grpo.kernels import decode_attention, decode_linear, logprob_entropy, matmul_4bit, swiglu_dense  # noqa: E402
 
 # the most shared memory one block may opt into (CUDA C Programming Guide, "Compute capabilities" table)
 CARDS = {"A100 (sm_80)": (80, 163 * 1024), "RTX 30 (sm_86)": (86, 99 * 1024), "RTX 40 (sm_89)": (89, 99 * 1024),
@@ -75,9 +75,10 @@ def _logprob(kernel_name: str) -> tuple:
 
 def source(fn, signature: dict, constants: dict) -> ASTSource:
     """The kernel as Triton's launcher specialises it: pointers (torch allocates 16-byte aligned) and integers
-    that are multiples of 16 (every one at the R1 launch but the 4-bit split's block count, 24) marked so."""
+    that are multiples of 16 (every one at the R1 launch but the K blocks of a 4-bit split or a decode_linear
+    share, 24 or 5-28) marked so."""
     aligned = {(fn.arg_names.index(a),): [["tt.divisibility", 16]] for a, t in signature.items()
-               if (t.startswith("*") or t == "i32") and a != "k_blocks_per_split"}
+               if (t.startswith("*") or t == "i32") and a not in ("k_blocks_per_split", "blocks_per_share")}
     return ASTSource(fn, {**signature, **{k: "constexpr" for k in constants}}, constexprs=constants, attrs=aligned)
 
 
@@ -108,6 +109,20 @@ def swiglu_dense_options(dtype: str, rows: int = 64) -> list[tuple[dict, tuple]]
             for block_k, stages in swiglu_dense.OPTIONS]
 
 
+def decode_linear_options(dtype: str, rows: int = 64, shares: int = 4) -> list[tuple[dict, tuple]]:
+    """The split-K decode matmul's launch options in its launcher's order (``decode_linear.OPTIONS``), with a bias
+    and K in ``shares``: Triton options and (kernel, signature, constexprs). Also tests/kernels/test_compile.py."""
+    t = "fp32" if dtype == "float32" else "bf16"
+    signature = {"x_ptr": f"*{t}", "stride_xm": "i32", "w_ptr": f"*{t}", "bias_ptr": f"*{t}", "out_ptr": f"*{t}",
+                 "stride_om": "i32", "part_ptr": "*fp32", "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32",
+                 "blocks_per_share": "i32"}
+    return [({"num_stages": stages, "num_warps": 4},
+             (decode_linear._decode_linear_kernel, signature,
+              {"SHARES": shares, "HAS_BIAS": True, "BLOCK_M": rows, "BLOCK_N": decode_linear.BLOCK_N,
+               "BLOCK_K": block_k, "DOT_IEEE": dtype == "float32", "PDL": False}))
+            for block_k, stages in decode_linear.OPTIONS]
+
+
 def kernels() -> list[tuple[str, dict, tuple]]:
     """(name, launch options, (kernel, signature, constexprs)) for every launch the kernels' launchers make:
     the 4-bit, dense gate/up and attention ones at each of their launch options, the log-prob ones at Triton's
@@ -119,6 +134,8 @@ def kernels() -> list[tuple[str, dict, tuple]]:
                       for triton_options, kernel in options]
         found += [(f"swiglu_dense {dtype} BLOCK_K={kernel[2]['BLOCK_K']}", triton_options, kernel)
                   for triton_options, kernel in swiglu_dense_options(dtype)]
+        found += [(f"decode_linear {dtype} BLOCK_K={kernel[2]['BLOCK_K']}", triton_options, kernel)
+                  for triton_options, kernel in decode_linear_options(dtype)]
         for block, stages, warps in decode_attention.launch_options():
             found.append((f"decode_attention {dtype} BLOCK={block}", {"num_stages": stages, "num_warps": warps},
                           _decode_attention(dtype, block)))

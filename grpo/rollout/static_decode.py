@@ -31,12 +31,15 @@ same tokens as the HF ``generate`` path of grpo.rollout.native for equal logits.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from grpo.kernels.decode_attention import decode_attention, fused_supported, triton_runs
+from grpo.kernels.decode_linear import decode_linear_op
 from grpo.model.dequant import drop_dense_copies, linear4bit_modules
 from grpo.rollout.sampling import row_keys, sample, vocab_offsets
 from grpo.rollout.slots import SlotSchedule, Wave
@@ -126,12 +129,13 @@ class StaticDecoder:
     On CUDA (``compile``) the parts of each layer around its attention, and the sampler, are compiled
     by torch.compile so that the elementwise work fuses into a few kernels, and (``fused_attention``,
     where Triton runs) the attention is one Triton kernel: with ~20 small kernels a layer a decode step
-    was launch-bound even inside a CUDA graph. Where Triton runs (``fused_mlp``) a decode step's gate, up
-    and SwiGLU over a dense gate/up copy are one Triton kernel too (grpo/kernels/swiglu_dense.py)."""
+    was launch-bound even inside a CUDA graph. Where Triton runs (``triton_matmuls``) a decode step's gate, up
+    and SwiGLU over a dense gate/up copy are one Triton kernel too (grpo/kernels/swiglu_dense.py), and its
+    q/k/v, output and down projections a split-K one (grpo/kernels/decode_linear.py)."""
 
     def __init__(self, model: torch.nn.Module, *, merge_lora: bool = True, read_4bit_mlp: bool = False,
                  cuda_graphs: bool | None = None, compile: bool | None = None, fused_attention: bool | None = None,
-                 fused_mlp: bool | None = None, bucket: int = CACHE_BUCKET, sync_every: int = 32) -> None:
+                 triton_matmuls: bool | None = None, bucket: int = CACHE_BUCKET, sync_every: int = 32) -> None:
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"StaticDecoder cannot run this model: {reason}")
@@ -150,8 +154,9 @@ class StaticDecoder:
         self.compile = on_gpu if compile is None else compile
         group = cfg.num_attention_heads // self.n_kv
         self.fused = fused_supported(self.device, self.head_dim, group) if fused_attention is None else fused_attention
-        self.fused_mlp = triton_runs(self.device) if fused_mlp is None else fused_mlp
-        self._part1, self._part2, self._project = (compiled(f, self.compile) for f in
+        self.triton_matmuls = triton_runs(self.device) if triton_matmuls is None else triton_matmuls
+        linear = decode_linear_op if self.triton_matmuls else F.linear
+        self._part1, self._part2, self._project = (compiled(partial(f, linear=linear), self.compile) for f in
                                                    (qkv_projection, output_and_mlp, output_projection))
         self.read_4bit_mlp = read_4bit_mlp and bool(self._quantised) and triton_runs(self.device)
         if read_4bit_mlp and not self.read_4bit_mlp:
@@ -182,7 +187,7 @@ class StaticDecoder:
         unmerged LoRA. Tensors are rebuilt, so graphs captured before are stale (generate recaptures)."""
         with torch.profiler.record_function("grpo/decoder.refresh"):  # a sub-phase in a `grpo.profile` trace
             self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora, self.read_4bit_mlp,
-                                          self.fused_mlp) for layer in self.body.layers]
+                                          self.triton_matmuls) for layer in self.body.layers]
 
     def release(self) -> None:
         """Free the dense and merged weight copies until the next ``refresh`` (re-de-quantising a

@@ -12,7 +12,9 @@ A layer is split where the attention goes:
   layer's ``qkv_projection``, so that residual add and norm are one kernel. With a 4-bit MLP read
   directly (``Mlp4bit``), ``output_projection`` stops at the norm and the MLP is two Triton kernels; with
   the fused dense gate/up (``DenseMlp``, where Triton runs) it stops there too, and a decode step's gate,
-  up and SwiGLU are one Triton kernel before cuBLAS's down projection.
+  up and SwiGLU are one Triton kernel before the down projection.
+Where Triton runs, a decode step's q/k/v, output and down projections are the split-K kernel of
+grpo/kernels/decode_linear.py (``linear``); a prompt's pass takes cuBLAS's (``F.linear``).
 
 Weights: every linear layer runs as a dense matmul in the compute dtype, except a 4-bit MLP read in 4
 bits (``read_4bit_mlp``: a decode step reads 3.5x fewer bytes of it, and no copy is made). A
@@ -25,11 +27,13 @@ extra small matmuls per projection group; an MLP with LoRA is always copied and 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from grpo.kernels.decode_linear import decode_linear
 from grpo.kernels.matmul_4bit import Weight4bit, matmul_4bit, reference_mlp, swiglu_4bit
 from grpo.kernels.swiglu_dense import block_k_divides, swiglu_dense
 from grpo.model.dequant import dequantized
@@ -64,14 +68,18 @@ def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * h.to(x.dtype)
 
 
-def qkv_projection(x: Tensor, delta: Tensor | None, w: tuple, eps: float) -> tuple[Tensor, Tensor]:
+Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]  # F.linear, or a decode step's kernel for it
+
+
+def qkv_projection(x: Tensor, delta: Tensor | None, w: tuple, eps: float, linear: Linear = F.linear
+                   ) -> tuple[Tensor, Tensor]:
     """Layer part 1: ``x + delta`` (the previous layer's MLP output; None for the first layer), norm,
     fused q/k/v projection (+ LoRA). Returns the residual stream and qkv [B, T, (Hq + 2 Hkv) D]."""
     ln1, qkv_w, qkv_b, lora_a, lora_b = w[:5]
     if delta is not None:
         x = x + delta
     h = _rms(x, ln1, eps)
-    qkv = F.linear(h, qkv_w, qkv_b)
+    qkv = linear(h, qkv_w, qkv_b)
     if lora_a is not None:  # q/k/v adapters as one A (stacked) and one block-diagonal B, scale folded in
         qkv = qkv + F.linear(F.linear(h.float(), lora_a), lora_b).to(qkv.dtype)
     return x, qkv
@@ -118,21 +126,22 @@ def torch_decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, k_cache: Tenso
     return attend(q, k_cache[:, :, :length], v_cache[:, :, :length], valid[:, None, :length], cfg)
 
 
-def output_projection(x: Tensor, a: Tensor, w: tuple, eps: float) -> tuple[Tensor, Tensor]:
+def output_projection(x: Tensor, a: Tensor, w: tuple, eps: float, linear: Linear = F.linear
+                      ) -> tuple[Tensor, Tensor]:
     """Layer part 2 up to the MLP: output projection of the attention ``a`` (+ LoRA), residual, norm.
     Returns the residual stream and the MLP's input."""
     o_w, o_b, lora_a, lora_b, ln2 = w[:5]
-    o = F.linear(a, o_w, o_b)
+    o = linear(a, o_w, o_b)
     if lora_a is not None:
         o = o + F.linear(F.linear(a.float(), lora_a), lora_b).to(o.dtype)
     x = x + o
     return x, _rms(x, ln2, eps)
 
 
-def output_and_mlp(x: Tensor, a: Tensor, w: tuple, eps: float) -> tuple[Tensor, Tensor]:
+def output_and_mlp(x: Tensor, a: Tensor, w: tuple, eps: float, linear: Linear = F.linear) -> tuple[Tensor, Tensor]:
     """Layer part 2 with a dense MLP: ``output_projection`` and the SwiGLU MLP. Returns the residual stream
     and the MLP's output, which the next ``qkv_projection`` adds."""
-    x, h = output_projection(x, a, w, eps)
+    x, h = output_projection(x, a, w, eps, linear)
     return x, swiglu_mlp(h, *w[5:])
 
 
@@ -163,14 +172,15 @@ class Mlp4bit:
 @dataclass(frozen=True)
 class DenseMlp:
     """A SwiGLU MLP from the decoder's dense copies, gate and up concatenated [2I, H]: a decode step's gate,
-    up and SwiGLU in one Triton kernel (grpo/kernels/swiglu_dense.py), a prompt's pass as cuBLAS matmuls."""
+    up and SwiGLU in one Triton kernel (grpo/kernels/swiglu_dense.py) and its down projection the split-K one
+    (grpo/kernels/decode_linear.py), a prompt's pass as cuBLAS matmuls."""
 
     gate_up: Tensor
     down: Tensor
 
     def __call__(self, h: Tensor) -> Tensor:
         if h.shape[1] == 1:  # [B, 1, H]: a decode step
-            return F.linear(swiglu_dense(h, self.gate_up), self.down)
+            return decode_linear(swiglu_dense(h, self.gate_up), self.down)
         return swiglu_mlp(h, (self.gate_up,), self.down)
 
 
@@ -191,10 +201,10 @@ def mlp_4bit(mlp: torch.nn.Module, quantised: set[int]) -> Mlp4bit | None:
 
 @torch.no_grad()
 def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, merge: bool,
-                  read_4bit_mlp: bool = False, fused_mlp: bool = False) -> tuple[tuple, tuple]:
+                  read_4bit_mlp: bool = False, triton_matmuls: bool = False) -> tuple[tuple, tuple]:
     """The weight tuples of ``qkv_projection`` (with ``heads``' norms) and of ``output_and_mlp`` (or of
     ``output_projection`` followed by an MLP object: an ``Mlp4bit`` with ``read_4bit_mlp`` where ``mlp_4bit``
-    can read it, else a ``DenseMlp`` with ``fused_mlp`` where gate and up are one copy) for one decoder layer,
+    can read it, else a ``DenseMlp`` with ``triton_matmuls`` where gate and up are one copy) for one decoder layer,
     built from its live modules (``quantised``: ids of the 4-bit linear layers; ``merge``: fold LoRA in)."""
     at, mlp = layer.self_attn, layer.mlp
     qkv = [at.q_proj, at.k_proj, at.v_proj]
@@ -225,7 +235,7 @@ def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, 
     gate_up = (mlp.gate_proj, mlp.up_proj)
     copied = any(id(_base(m)) in quantised or _lora_on(m) for m in gate_up)
     gate_up_w = (torch.cat([merged(m) for m in gate_up]),) if copied else tuple(merged(m) for m in gate_up)
-    if fused_mlp and copied and block_k_divides(gate_up_w[0].shape[1]):
+    if triton_matmuls and copied and block_k_divides(gate_up_w[0].shape[1]):
         return part1, (*attention_out, DenseMlp(gate_up_w[0], merged(mlp.down_proj)))
     return part1, (*attention_out, gate_up_w, merged(mlp.down_proj))
 

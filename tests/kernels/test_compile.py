@@ -55,14 +55,35 @@ def test_the_dense_gate_up_kernel_has_an_option_that_fits(arch, dtype):
     assert any(size <= limit for size in shared), f"no option of swiglu_dense fits sm_{arch}: {shared} > {limit}"
 
 
-def test_the_decode_kernels_wait_for_the_kernel_before_only_when_launched_dependent():
-    """Programmatic dependent launch (``decode_attention.dependent_launch``): compiled for an H100 with ``PDL`` and
-    Triton's ``launch_pdl``, the attention (whole caches and shares), the shares' combine and the dense gate/up
-    kernel wait on the kernel before (PTX ``griddepcontrol.wait``) before their first load; compiled as an RTX
-    card gets them (no ``PDL``), they hold no such instruction, which sm_86 does not have."""
+@pytest.mark.parametrize("arch,dtype", [(90, "bfloat16"), (86, "bfloat16"), (86, "float32")])
+def test_the_decode_matmul_has_an_option_that_fits_and_counts_its_shares_release_acquire(arch, dtype):
+    """grpo/kernels/decode_linear.py, K in four shares at 64 rows: an option fits the card, and the count of a
+    tile's shares done is one acquire-release atomic at GPU scope (a relaxed one would let the last share read
+    partials another multiprocessor has not yet made visible)."""
     from triton.backends.compiler import GPUTarget
 
-    from bench.smem_fit import _decode_attention, source, swiglu_dense_options
+    from bench.smem_fit import CARDS, decode_linear_options, source
+
+    limit = next(lim for cc, lim in CARDS.values() if cc == arch)
+    compiled = [triton.compile(source(*kernel), target=GPUTarget("cuda", arch, 32), options=options)
+                for options, kernel in decode_linear_options(dtype)]
+    shared = [c.metadata.shared for c in compiled]
+    assert any(size <= limit for size in shared), f"no option of decode_linear fits sm_{arch}: {shared} > {limit}"
+    ptx = compiled[0].asm["ptx"]
+    assert "atom.global.gpu.acq_rel.add" in ptx or "atom.acq_rel.gpu.global.add" in ptx, \
+        [line for line in ptx.splitlines() if "atom" in line]
+    assert "ld.global.cg" in ptx  # the partials read past L1
+
+
+def test_the_decode_kernels_wait_for_the_kernel_before_only_when_launched_dependent():
+    """Programmatic dependent launch (``decode_attention.dependent_launch``): compiled for an H100 with ``PDL`` and
+    Triton's ``launch_pdl``, the attention (whole caches and shares), the shares' combine, the dense gate/up
+    kernel and the split-K decode matmul wait on the kernel before (PTX ``griddepcontrol.wait``) before their
+    first load; compiled as an RTX card gets them (no ``PDL``), they hold no such instruction, which sm_86 does
+    not have."""
+    from triton.backends.compiler import GPUTarget
+
+    from bench.smem_fit import _decode_attention, decode_linear_options, source, swiglu_dense_options
     from grpo.kernels import decode_attention
 
     attention = _decode_attention("bfloat16", decode_attention.BLOCK_L)
@@ -71,7 +92,8 @@ def test_the_decode_kernels_wait_for_the_kernel_before_only_when_launched_depend
                {"part_ptr": "*fp32", "stat_ptr": "*fp32", "out_ptr": "*bf16", "out_stride": "i32"},
                {"HQ": 12, "D": 128, "SPLITS": 4, "SP": 4})
     gate_up_options, gate_up = swiglu_dense_options("bfloat16")[0]
-    for fn, signature, constants in (attention, shares, combine, gate_up):
+    linear_options, linear = decode_linear_options("bfloat16")[0]
+    for fn, signature, constants in (attention, shares, combine, gate_up, linear):
         for arch, pdl in ((90, True), (86, False)):
             options = {"num_warps": 4, **({"launch_pdl": True} if pdl else {})}
             ptx = triton.compile(source(fn, signature, {**constants, "PDL": pdl}), target=GPUTarget("cuda", arch, 32),

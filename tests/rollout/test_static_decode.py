@@ -35,7 +35,7 @@ def test_the_attention_is_triton_exactly_where_triton_runs(model):
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     decoder = StaticDecoder(model)
     assert decoder.fused == (interpreting and importlib.util.find_spec("triton") is not None)
-    assert decoder.fused_mlp == decoder.fused  # the dense gate/up + SwiGLU kernel too
+    assert decoder.triton_matmuls == decoder.fused  # the dense gate/up + SwiGLU and the split-K matmul kernels too
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,78 @@
+"""The split-K decode matmul (grpo/kernels/decode_linear.py) against ``F.linear``: fp32 to IEEE rounding, bf16 to its
+rounding; rows and weight rows that do not fill the tiles, K cut into shares that the last program adds, a bias,
+bitwise the same result on a second call (the shares' sum has a fixed order) with every tile's count back at zero,
+and widths the kernel does not take handed to ``F.linear``.
+
+On a GPU it runs compiled; on CPU under Triton's interpreter, in a subprocess (tests/kernels/interpreter.py), whose
+programs run one after another, so the last share is always the last program (the GPU's concurrent shares are
+checked by the static decoder's CUDA-graph tests in tests/rollout/test_static_decode.py and on the device).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.kernels.interpreter import kernel_device, run_under_interpreter
+
+pytest.importorskip("triton", reason="triton is not installed")
+
+
+def test_kernel_under_interpreter():
+    run_under_interpreter(__file__, passed=7)
+
+
+@pytest.mark.parametrize("rows,n,k,bias,dtype", [
+    (3, 80, 128, False, torch.float32),    # nothing fills a tile: masks on x's rows and weight rows; 2 shares
+    (40, 192, 256, True, torch.float32),   # three weight tiles, four K blocks in shares, a bias
+    (100, 64, 512, True, torch.float32),   # two tiles of x's rows, each with its own count
+    (64, 128, 192, True, torch.bfloat16),  # the decoder's rows and dtype, three shares of one K block
+])
+def test_matches_f_linear(rows, n, k, bias, dtype):
+    from grpo.kernels.decode_linear import decode_linear
+
+    device = kernel_device()
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(device=device, dtype=dtype)
+    b = torch.randn(n, generator=g).to(device=device, dtype=dtype) if bias else None
+    x = torch.randn(rows, 1, k, generator=g).to(device=device, dtype=dtype)  # [B, 1, K] as a decode step has it
+    got = decode_linear(x, w, b)
+    assert got.shape == (rows, 1, n) and got.dtype == dtype
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    close = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
+    torch.testing.assert_close(got.float(), want, **close)
+    assert torch.equal(decode_linear(x, w, b), got)  # the shares added in the same order again
+
+
+def test_counts_are_back_at_zero_after_a_split_call():
+    from grpo.kernels import decode_linear as module
+
+    device = kernel_device()
+    x, w = torch.randn(16, 512, device=device), torch.randn(128, 512, device=device)
+    tiles = 2
+    assert module.shares_for(tiles, 512 // 64, module._programs(torch.device(device)))[0] > 1  # it did split
+    module.decode_linear(x, w)
+    assert not module._COUNTS[torch.device(device)].any()
+
+
+def test_a_width_the_kernel_does_not_take_is_f_linear():
+    from grpo.kernels.decode_linear import decode_linear
+
+    device = kernel_device()
+    x, w, b = torch.randn(4, 96, device=device), torch.randn(8, 96, device=device), torch.randn(8, device=device)
+    assert torch.equal(decode_linear(x, w, b), F.linear(x, w, b))
+
+
+def test_shares_leave_one_program_a_multiprocessor_none_empty():
+    """By hand, on an H100's 132 multiprocessors at R1-Distill-1.5B's shapes (K blocks of 64)."""
+    from grpo.kernels.decode_linear import shares_for
+
+    assert shares_for(32, 24, 132) == (4, 6)     # q/k/v: 2048 rows in 32 tiles, K 1536: 128 programs
+    assert shares_for(24, 24, 132) == (5, 5)     # output: 24 tiles, 24 blocks in shares of 5 (the last of 4): 120
+    assert shares_for(24, 140, 132) == (5, 28)   # down: K 8960
+    assert shares_for(280, 24, 132) == (1, 24)   # more tiles than multiprocessors: no split
+    for tiles in range(1, 40):
+        for k_blocks in range(1, 30):
+            shares, per = shares_for(tiles, k_blocks, 132)
+            assert 1 <= shares and (shares - 1) * per < k_blocks <= shares * per  # the last share not empty
+            assert shares == 1 or tiles * shares <= 132
