@@ -48,7 +48,9 @@ NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 BLOCKSIZE_4BIT = 64  # values an absmax (the loader's bitsandbytes default)
 CUDA_RUNTIME_BYTES = int(0.75 * GIB)  # CUDA context, cuBLAS workspaces, allocator slack
 # what GPU generation leaves unplanned when it sizes its rows in flight: cuBLAS workspaces, CUDA graph
-# pools, fragmentation (grpo/rollout/budget.py)
+# pools, fragmentation (grpo/rollout/budget.py), and the split-K decode projections' fp32 partial sums
+# (grpo/kernels/decode_linear.partial_bytes: at most 16 KiB a program, 3 MiB on 192 multiprocessors, one
+# call's at a time; not a row per sequence: it grows with the multiprocessors, not the rows)
 GENERATION_MARGIN = int(0.5 * GIB)
 LORA_TRAIN_BYTES = 16  # per LoRA parameter in training: fp32 value, gradient, AdamW's two moments
 LORA_LOADED_BYTES = 4  # per LoRA parameter of a loaded adapter: the fp32 value (grpo/model/lora.py)

@@ -91,6 +91,17 @@ def shares_for(tiles: int, k_blocks: int, programs: int) -> tuple[int, int]:
     return -(-k_blocks // per_share), per_share
 
 
+def partial_bytes(rows: int, n: int, k: int, programs: int) -> int:
+    """The fp32 partial sums one call allocates while it runs on ``programs`` multiprocessors (0 unsplit), at its
+    first launch option (grpo/memory_plan.py counts them in a decode step)."""
+    if rows <= 0 or not fits(k):
+        return 0
+    block_m = block_m_for(rows, MAX_BLOCK_M)
+    tiles = -(-n // BLOCK_N) * -(-rows // block_m)
+    shares, _ = shares_for(tiles, k // OPTIONS[0][0], programs)
+    return 0 if shares == 1 else tiles * shares * BLOCK_N * block_m * 4
+
+
 def _programs(device: torch.device) -> int:
     if _interpreting() or device.type != "cuda":
         return INTERPRETER_PROGRAMS
@@ -128,7 +139,7 @@ def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
         block_k, stages = option
         shares, per_share = shares_for(tiles, k // block_k, _programs(x.device))
         part = out if shares == 1 else torch.empty(tiles * shares * BLOCK_N * block_m, dtype=torch.float32,
-                                                   device=x.device)
+                                                   device=x.device)  # partial_bytes
         _decode_linear_kernel[(triton.cdiv(n, BLOCK_N), shares, triton.cdiv(rows.shape[0], block_m))](
             rows, rows.stride(0), weight, out if bias is None else bias, out, out.stride(0), part,
             _counts(x.device, tiles), rows.shape[0], n, k, per_share, SHARES=shares, HAS_BIAS=bias is not None,

@@ -19,7 +19,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 
 def test_kernel_under_interpreter():
-    run_under_interpreter(__file__, passed=7)
+    run_under_interpreter(__file__, passed=8)
 
 
 @pytest.mark.parametrize("rows,n,k,bias,dtype", [
@@ -76,3 +76,18 @@ def test_shares_leave_one_program_a_multiprocessor_none_empty():
             shares, per = shares_for(tiles, k_blocks, 132)
             assert 1 <= shares and (shares - 1) * per < k_blocks <= shares * per  # the last share not empty
             assert shares == 1 or tiles * shares <= 132
+
+
+def test_partials_stay_within_16_kib_a_program():
+    """The bound grpo/memory_plan.py's GENERATION_MARGIN counts them by: a split call's partials are its tiles x
+    shares (at most the programs) x one 64 x 64 fp32 tile; by hand, q/k/v at 64 rows on an H100's 132: 32 tiles x
+    4 shares x 16 KiB = 2 MiB."""
+    from grpo.kernels.decode_linear import partial_bytes
+
+    assert partial_bytes(64, 2048, 1536, 132) == 32 * 4 * 64 * 64 * 4
+    assert partial_bytes(16, 2048, 1536, 132) == 32 * 4 * 64 * 16 * 4
+    assert partial_bytes(64, 17920, 1536, 132) == 0  # 280 tiles: no split
+    assert partial_bytes(64, 2048, 96, 132) == 0  # a width the kernel does not take
+    for rows in (1, 16, 33, 64, 100, 256):
+        for n, k in ((2048, 1536), (1536, 1536), (1536, 8960), (256, 128)):
+            assert partial_bytes(rows, n, k, 192) <= 192 * 64 * 64 * 4
