@@ -3,11 +3,11 @@
 # (bench/gpu_tune.py's trl and steady:7.5 jobs, or the JOBS given, none for none; the 7.5 GiB cap, the preset's
 # shape) and EXTRA jobs
 # (e.g. profile:7.5, read by bench/trace_gaps.py here), all within DEADLINE seconds; then, when asked and while
-# the call's BUDGET seconds last (default 570, so the packing below always runs):
+# the call's BUDGET seconds last (default 570, so the packing below always runs), in this order:
+#   TESTS=... pytest on this GPU (e.g. the kernels' CUDA cases);
+#   DECODE=1  the rollouts' tok/s at 16 and 64 sequences (bench/decode_speed.py); with AB the baseline's too;
 #   AB=1      the baseline tree's step on the same project (the tree in .baseline, carried); AB=decode: only
 #             its rollouts (with DECODE=1);
-#   TESTS=... pytest on this GPU (e.g. the kernels' CUDA cases);
-#   DECODE=1  the rollouts' tok/s at 16 and 64 sequences (bench/decode_speed.py); with AB=1 the baseline's too;
 #   MLP=1     the dense gate/up and down kernels against tile-major copies (bench/dense_mlp_probe.py);
 #   PROBE=1   the decode attention's launch sweep (bench/decode_attention_probe.py);
 #   LINEAR=1  the split-K decode matmul against cuBLAS (bench/decode_linear_probe.py).
@@ -30,14 +30,14 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.t
 jobs=${JOBS:-trl,steady:7.5}${EXTRA:+,$EXTRA}
 [ "${JOBS:-}" != none ] && within 600 step.log python3 bench/gpu_tune.py --jobs "$jobs" \
     --steady-steps "$steps" --profile-steps 1 --winner "${WINNER:-{\}}" --deadline-s "${DEADLINE:-330}"
-[ "${AB:-0}" = 1 ] && within 150 old.log python3 .baseline/bench/steady_step.py --project /tmp/gpu_stages_work \
-    --out "$OUT/steady_old" --steps "$steps" --cap-gib 7.5 --winner '{}'
 trace=/tmp/gpu_stages_work/logs/profile/trace.json.gz
 [ -f "$trace" ] && within 40 gaps.log python3 bench/trace_gaps.py "$trace" --top 60 --out "$OUT/trace_gaps.json"
 [ -n "${TESTS:-}" ] && within 120 tests.log python3 -m pytest -q -x -p no:cacheprovider $TESTS
 [ "${DECODE:-0}" = 1 ] && within 120 decode.log python3 bench/decode_speed.py --label must
 [ "${DECODE:-0}" = 1 ] && [ "${AB:-0}" != 0 ] && GRPO_TREE=$PWD/.baseline within 120 decode_old.log \
     python3 bench/decode_speed.py --label old
+[ "${AB:-0}" = 1 ] && within 150 old.log python3 .baseline/bench/steady_step.py --project /tmp/gpu_stages_work \
+    --out "$OUT/steady_old" --steps "$steps" --cap-gib 7.5 --winner '{}'
 [ "${MLP:-0}" = 1 ] && within 120 mlp.log python3 bench/dense_mlp_probe.py --label tiled \
     --ways "cublas,K64 stages 4,tiled"
 [ "${PROBE:-0}" = 1 ] && within 60 probe.log python3 bench/decode_attention_probe.py
