@@ -5,7 +5,8 @@ static decoder's q/k/v, output and down projections at the R1-Distill-Qwen-1.5B 
 
 Each way runs ``--layers`` distinct layers' weights (28 layers' q/k/v are 176 MB against an H100's 50 MB L2, so
 they stream from memory as in a real step), captured as one CUDA graph and replayed; µs are per layer's call.
-Ways: cuBLAS (``F.linear``, the bias in its epilogue), and the kernel at each of its launch options
+Ways: cuBLAS (``F.linear``, the bias in its epilogue), and the kernel (``split_k_linear``, whatever
+``decode_linear`` would choose) at each of its launch options
 (``decode_linear.OPTIONS``) and at programs = 0.5, 1 and 2 times the multiprocessors (its shares of K).
 Each kernel result is checked against ``F.linear`` first (max abs error, bf16). Writes
 $OUT/decode_linear_probe_LABEL.json (default bench/results/).
@@ -63,8 +64,8 @@ def main() -> None:
                     block_m = decode_linear.block_m_for(rows, decode_linear.MAX_BLOCK_M)
                     fit._CHOSEN[("decode_linear", dev, torch.bfloat16, block_m)] = option
                     decode_linear._programs = lambda device, p=programs: p  # the shares this way cuts K into
-                    fn = decode_linear.decode_linear
-                    err = (fn(x, ws[0], bs[0]).float() - F.linear(x, ws[0], bs[0]).float()).abs().max().item()
+                    fn = lambda x, w, b: decode_linear.split_k_linear(x.view(-1, x.shape[-1]), w, b)  # noqa: E731
+                    err = (fn(x, ws[0], bs[0]).float() - F.linear(x[:, 0], ws[0], bs[0]).float()).abs().max().item()
                     row[f"{way} max_abs_err"] = round(err, 5)
                 graph, _ = captured(lambda: [fn(x, w, b) for w, b in zip(ws, bs)])
                 row[way] = round(replay_us(graph) / args.layers, 2)

@@ -1,14 +1,17 @@
 """A decode step's small matmul, ``x @ W^T + b`` for a few rows of x, as one Triton kernel whose programs split
 K and whose last program of each weight tile adds the partial sums.
 
-Why: at a decode step's 16-64 rows a projection streams its weights once and is bound by memory, but the
-R1-Distill-1.5B decoder's q/k/v (N 2048) and output (N 1536) projections are 32 and 24 tiles of 64 weight rows:
-cuBLAS took 5.9 and 5.2 µs a layer for 6.3 and 4.7 MB on an H100, 1.1 and 0.9 of its 3.35 TB/s (latency, not
-bandwidth; bench/RESULTS.md). Here each tile's K is cut into shares, as many as leave about one program a
-multiprocessor, and the program that finishes a tile's last share sums the shares' fp32 partials in share order
-(the CUDA threadfence-reduction pattern: every thread's stores, a barrier, one release-acquire count), so the
-result does not depend on which share finished first and no second kernel runs. The down projection
-(K 8960: cuBLAS splits K too, then sums in a second kernel) takes the same kernel.
+Why: at a decode step's rows a projection streams its weights once, but the R1-Distill-1.5B decoder's q/k/v
+(N 2048) and output (N 1536) projections are 32 and 24 tiles of 64 weight rows: cuBLAS took 5.9 and 5.2 µs a
+layer for 6.3 and 4.7 MB on an H100, 1.1 and 0.9 of its 3.35 TB/s. Here each tile's K is cut into shares, as many
+as leave about one program a multiprocessor, and the program that finishes a tile's last share sums the shares'
+fp32 partials in share order (the CUDA threadfence-reduction pattern: every thread's stores, a barrier, one
+release-acquire count), so the result does not depend on which share finished first and no second kernel runs;
+the down projection (K 8960: cuBLAS splits K too, then sums in a second kernel) takes it as well.
+Measured on an H100 (bench/RESULTS.md, eighteenth session): the shares did not turn the q/k/v and output
+projections bandwidth-bound (5.85 and 5.10 µs at 16 rows), a few percent faster than cuBLAS at 16 rows and 20-25%
+slower at 64. So ``decode_linear`` runs the kernel at up to ``MAX_ROWS`` rows where K splits, and cuBLAS otherwise
+(the 8 GB preset's 64 sequences keep cuBLAS; SENT's and evaluation's smaller batches take the kernel).
 
 The count a tile keeps is reset by the program that read it last, so a captured CUDA graph replays with
 counts at zero; the counts are allocated once per device outside any capture (the decoder's warm-up).
@@ -80,6 +83,10 @@ MAX_BLOCK_M = 64  # rows of x a program; more rows: more tiles, each streaming i
 # (BLOCK_K, pipeline stages) from the fastest guess down to what a 99 KiB card holds in fp32 (grpo/kernels/fit.py)
 OPTIONS = [(64, 4), (64, 3), (64, 2), (32, 2)]
 INTERPRETER_PROGRAMS = 8  # "multiprocessors" under Triton's interpreter: enough for the tests to split K
+# the most rows the kernel takes: on an H100 it beat cuBLAS at 16 rows (q/k/v 6.04 -> 5.85 µs a layer, output
+# 5.36 -> 5.10, down 14.6 -> 14.05; a decode step 1.980 -> 1.902 ms) and lost at 64 (6.24 -> 7.68, 5.54 -> 6.70,
+# 15.24 -> 16.39; 2.326 -> 2.477 ms): bench/RESULTS.md, eighteenth session
+MAX_ROWS = 16
 
 _COUNTS: dict[torch.device, Tensor] = {}  # each tile's count of shares done, zero between launches
 
@@ -92,14 +99,22 @@ def shares_for(tiles: int, k_blocks: int, programs: int) -> tuple[int, int]:
 
 
 def partial_bytes(rows: int, n: int, k: int, programs: int) -> int:
-    """The fp32 partial sums one call allocates while it runs on ``programs`` multiprocessors (0 unsplit), at its
-    first launch option (grpo/memory_plan.py counts them in a decode step)."""
-    if rows <= 0 or not fits(k):
+    """The fp32 partial sums one ``decode_linear`` call allocates while it runs on ``programs`` multiprocessors (0
+    where it runs cuBLAS or does not split), at the kernel's first launch option (grpo/memory_plan.py bounds them
+    in its generation margin)."""
+    if not takes(rows, n, k, programs):
         return 0
     block_m = block_m_for(rows, MAX_BLOCK_M)
     tiles = -(-n // BLOCK_N) * -(-rows // block_m)
-    shares, _ = shares_for(tiles, k // OPTIONS[0][0], programs)
-    return 0 if shares == 1 else tiles * shares * BLOCK_N * block_m * 4
+    return tiles * shares_for(tiles, k // OPTIONS[0][0], programs)[0] * BLOCK_N * block_m * 4
+
+
+def takes(rows: int, n: int, k: int, programs: int) -> bool:
+    """Whether ``decode_linear`` runs the kernel: at most ``MAX_ROWS`` rows, a width it takes, and K cut into
+    shares on this many multiprocessors (unsplit it would be cuBLAS's tiles without cuBLAS's tuning)."""
+    if rows > MAX_ROWS or not fits(k):
+        return False
+    return shares_for(-(-n // BLOCK_N), k // OPTIONS[0][0], programs)[0] > 1
 
 
 def _programs(device: torch.device) -> int:
@@ -124,33 +139,38 @@ def fits(k: int) -> bool:
 
 
 def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """``F.linear(x, weight, bias)`` for a decode step's rows, in one kernel; ``F.linear`` itself where the kernel
-    does not take the width or the weights are not contiguous."""
+    """``F.linear(x, weight, bias)`` for a decode step's rows: the split-K kernel where it ``takes`` them, else
+    ``F.linear`` itself."""
     n, k = weight.shape
-    if not fits(k) or not weight.is_contiguous():
+    rows = x.reshape(-1, k)
+    if not weight.is_contiguous() or not takes(rows.shape[0], n, k, _programs(x.device)):
         return F.linear(x, weight, bias)
-    rows = x.reshape(-1, k).contiguous()
+    return split_k_linear(rows.contiguous(), weight, bias).view(*x.shape[:-1], n)
+
+
+def split_k_linear(rows: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """The kernel: ``rows`` [M, K] @ ``weight``^T (+ ``bias``) for a contiguous ``weight`` [N, K] whose K ``fits``."""
+    n, k = weight.shape
     block_m = block_m_for(rows.shape[0], MAX_BLOCK_M)
     tiles = triton.cdiv(n, BLOCK_N) * triton.cdiv(rows.shape[0], block_m)
-    out = torch.empty(rows.shape[0], n, dtype=x.dtype, device=x.device)
-    pdl = dependent_launch(x.device)
+    out = torch.empty(rows.shape[0], n, dtype=rows.dtype, device=rows.device)
+    pdl = dependent_launch(rows.device)
 
     def launch(option: tuple[int, int]) -> Tensor:
         block_k, stages = option
-        shares, per_share = shares_for(tiles, k // block_k, _programs(x.device))
+        shares, per_share = shares_for(tiles, k // block_k, _programs(rows.device))
         part = out if shares == 1 else torch.empty(tiles * shares * BLOCK_N * block_m, dtype=torch.float32,
-                                                   device=x.device)  # partial_bytes
+                                                   device=rows.device)  # partial_bytes
         _decode_linear_kernel[(triton.cdiv(n, BLOCK_N), shares, triton.cdiv(rows.shape[0], block_m))](
             rows, rows.stride(0), weight, out if bias is None else bias, out, out.stride(0), part,
-            _counts(x.device, tiles), rows.shape[0], n, k, per_share, SHARES=shares, HAS_BIAS=bias is not None,
+            _counts(rows.device, tiles), rows.shape[0], n, k, per_share, SHARES=shares, HAS_BIAS=bias is not None,
             BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k,
             # fp32: exact (not TF32) products; so does everything under the interpreter (numpy has no bf16)
-            DOT_IEEE=x.dtype == torch.float32 or _interpreting(), PDL=bool(pdl), num_warps=4, num_stages=stages,
+            DOT_IEEE=rows.dtype == torch.float32 or _interpreting(), PDL=bool(pdl), num_warps=4, num_stages=stages,
             **pdl)
         return out
 
-    first_that_loads(("decode_linear", x.device, x.dtype, block_m), OPTIONS, launch)
-    return out.view(*x.shape[:-1], n)
+    return first_that_loads(("decode_linear", rows.device, rows.dtype, block_m), OPTIONS, launch)
 
 
 @torch.library.custom_op("grpo::decode_linear", mutates_args=())

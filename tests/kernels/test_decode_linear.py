@@ -1,7 +1,7 @@
 """The split-K decode matmul (grpo/kernels/decode_linear.py) against ``F.linear``: fp32 to IEEE rounding, bf16 to its
 rounding; rows and weight rows that do not fill the tiles, K cut into shares that the last program adds, a bias,
-bitwise the same result on a second call (the shares' sum has a fixed order) with every tile's count back at zero,
-and widths the kernel does not take handed to ``F.linear``.
+bitwise the same result on a second call (the shares' sum has a fixed order) with every tile's count back at zero;
+and ``decode_linear``'s choice: the kernel at up to 16 rows where K splits, ``F.linear`` itself otherwise.
 
 On a GPU it runs compiled; on CPU under Triton's interpreter, in a subprocess (tests/kernels/interpreter.py), whose
 programs run one after another, so the last share is always the last program (the GPU's concurrent shares are
@@ -29,19 +29,19 @@ def test_kernel_under_interpreter():
     (64, 128, 192, True, torch.bfloat16),  # the decoder's rows and dtype, three shares of one K block
 ])
 def test_matches_f_linear(rows, n, k, bias, dtype):
-    from grpo.kernels.decode_linear import decode_linear
+    from grpo.kernels.decode_linear import split_k_linear
 
     device = kernel_device()
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(n, k, generator=g) * 0.05).to(device=device, dtype=dtype)
     b = torch.randn(n, generator=g).to(device=device, dtype=dtype) if bias else None
-    x = torch.randn(rows, 1, k, generator=g).to(device=device, dtype=dtype)  # [B, 1, K] as a decode step has it
-    got = decode_linear(x, w, b)
-    assert got.shape == (rows, 1, n) and got.dtype == dtype
+    x = torch.randn(rows, k, generator=g).to(device=device, dtype=dtype)
+    got = split_k_linear(x, w, b)
+    assert got.shape == (rows, n) and got.dtype == dtype
     want = F.linear(x.float(), w.float(), None if b is None else b.float())
     close = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
     torch.testing.assert_close(got.float(), want, **close)
-    assert torch.equal(decode_linear(x, w, b), got)  # the shares added in the same order again
+    assert torch.equal(split_k_linear(x, w, b), got)  # the shares added in the same order again
 
 
 def test_counts_are_back_at_zero_after_a_split_call():
@@ -51,16 +51,27 @@ def test_counts_are_back_at_zero_after_a_split_call():
     x, w = torch.randn(16, 512, device=device), torch.randn(128, 512, device=device)
     tiles = 2
     assert module.shares_for(tiles, 512 // 64, module._programs(torch.device(device)))[0] > 1  # it did split
-    module.decode_linear(x, w)
-    assert not module._COUNTS[torch.device(device)].any()
+    module.split_k_linear(x, w)
+    assert not module._COUNTS[x.device].any()
 
 
-def test_a_width_the_kernel_does_not_take_is_f_linear():
-    from grpo.kernels.decode_linear import decode_linear
+def test_decode_linear_takes_the_kernel_where_it_won_and_f_linear_elsewhere(monkeypatch):
+    """At 16 rows with K split (the interpreter's 8 "multiprocessors"): the kernel's result; at 17 rows, at a K its
+    blocks do not divide, and on as many multiprocessors as tiles (no split, as an RTX 3060 Ti's 38 against q/k/v's
+    32 tiles): ``F.linear``'s, bitwise."""
+    from grpo.kernels import decode_linear as module
 
     device = kernel_device()
-    x, w, b = torch.randn(4, 96, device=device), torch.randn(8, 96, device=device), torch.randn(8, device=device)
-    assert torch.equal(decode_linear(x, w, b), F.linear(x, w, b))
+    w, b = torch.randn(128, 512, device=device), torch.randn(128, device=device)
+    x = torch.randn(16, 1, 512, device=device)
+    assert module.takes(16, 128, 512, module._programs(x.device))
+    assert torch.equal(module.decode_linear(x, w, b), module.split_k_linear(x[:, 0], w, b)[:, None])
+    for rows, width in ((17, 512), (4, 96)):
+        x, w = torch.randn(rows, 1, width, device=device), torch.randn(128, width, device=device)
+        assert torch.equal(module.decode_linear(x, w, b), F.linear(x, w, b)), (rows, width)
+    monkeypatch.setattr(module, "_programs", lambda device: 2)  # two tiles, two programs: K stays whole
+    x, w = torch.randn(16, 1, 512, device=device), torch.randn(128, 512, device=device)
+    assert torch.equal(module.decode_linear(x, w, b), F.linear(x, w, b))
 
 
 def test_shares_leave_one_program_a_multiprocessor_none_empty():
@@ -80,14 +91,15 @@ def test_shares_leave_one_program_a_multiprocessor_none_empty():
 
 def test_partials_stay_within_16_kib_a_program():
     """The bound grpo/memory_plan.py's GENERATION_MARGIN counts them by: a split call's partials are its tiles x
-    shares (at most the programs) x one 64 x 64 fp32 tile; by hand, q/k/v at 64 rows on an H100's 132: 32 tiles x
-    4 shares x 16 KiB = 2 MiB."""
+    shares (at most the programs) x one 64-row tile of 16 fp32 columns; by hand, q/k/v at 16 rows on an H100's
+    132: 32 tiles x 4 shares x 4 KiB = 512 KiB."""
     from grpo.kernels.decode_linear import partial_bytes
 
-    assert partial_bytes(64, 2048, 1536, 132) == 32 * 4 * 64 * 64 * 4
     assert partial_bytes(16, 2048, 1536, 132) == 32 * 4 * 64 * 16 * 4
-    assert partial_bytes(64, 17920, 1536, 132) == 0  # 280 tiles: no split
-    assert partial_bytes(64, 2048, 96, 132) == 0  # a width the kernel does not take
+    assert partial_bytes(16, 1536, 8960, 132) == 24 * 5 * 64 * 16 * 4
+    assert partial_bytes(64, 2048, 1536, 132) == 0  # cuBLAS at 64 rows
+    assert partial_bytes(16, 17920, 1536, 132) == 0  # 280 tiles: no split, cuBLAS
+    assert partial_bytes(16, 2048, 96, 132) == 0  # a width the kernel does not take
     for rows in (1, 16, 33, 64, 100, 256):
         for n, k in ((2048, 1536), (1536, 1536), (1536, 8960), (256, 128)):
             assert partial_bytes(rows, n, k, 192) <= 192 * 64 * 64 * 4
