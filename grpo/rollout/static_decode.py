@@ -130,8 +130,8 @@ class StaticDecoder:
     by torch.compile so that the elementwise work fuses into a few kernels, and (``fused_attention``,
     where Triton runs) the attention is one Triton kernel: with ~20 small kernels a layer a decode step
     was launch-bound even inside a CUDA graph. Where Triton runs (``triton_matmuls``) a decode step's gate, up
-    and SwiGLU over a dense gate/up copy are one Triton kernel too (grpo/kernels/swiglu_dense.py), and its
-    q/k/v, output and down projections a split-K one (grpo/kernels/decode_linear.py)."""
+    and SwiGLU over a dense gate/up copy are one Triton kernel too (grpo/kernels/swiglu_dense.py), and at up
+    to 16 sequences its q/k/v, output and down projections a split-K one (grpo/kernels/decode_linear.py)."""
 
     def __init__(self, model: torch.nn.Module, *, merge_lora: bool = True, read_4bit_mlp: bool = False,
                  cuda_graphs: bool | None = None, compile: bool | None = None, fused_attention: bool | None = None,

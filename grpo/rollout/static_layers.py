@@ -13,8 +13,9 @@ A layer is split where the attention goes:
   directly (``Mlp4bit``), ``output_projection`` stops at the norm and the MLP is two Triton kernels; with
   the fused dense gate/up (``DenseMlp``, where Triton runs) it stops there too, and a decode step's gate,
   up and SwiGLU are one Triton kernel before the down projection.
-Where Triton runs, a decode step's q/k/v, output and down projections are the split-K kernel of
-grpo/kernels/decode_linear.py (``linear``); a prompt's pass takes cuBLAS's (``F.linear``).
+Where Triton runs, a decode step's q/k/v, output and down projections go through ``decode_linear``
+(grpo/kernels/decode_linear.py: a split-K kernel at up to 16 rows, cuBLAS above); a prompt's pass takes
+cuBLAS's (``F.linear``).
 
 Weights: every linear layer runs as a dense matmul in the compute dtype, except a 4-bit MLP read in 4
 bits (``read_4bit_mlp``: a decode step reads 3.5x fewer bytes of it, and no copy is made). A
