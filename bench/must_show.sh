@@ -3,7 +3,8 @@
 # (bench/gpu_tune.py's trl and steady:7.5 jobs, or the JOBS given, none for none; the 7.5 GiB cap, the preset's
 # shape) and EXTRA jobs (e.g. profile:7.5, read by bench/trace_gaps.py here), all within DEADLINE seconds
 # (default 450: on a fresh machine the setup took 51 s, TRL 130-166 s and our step's cold warm-up and steps
-# 143-150 s); then, when asked and while the call's BUDGET seconds last (default 570, so the packing below always runs), in this order:
+# 143-150 s); then, when asked and while the call's BUDGET seconds last (default 570, so the packing below
+# always runs), in this order:
 #   TESTS=... pytest on this GPU (e.g. the kernels' CUDA cases);
 #   DECODE=1  the rollouts' tok/s at 16 and 64 sequences (bench/decode_speed.py); with AB the baseline's too;
 #   AB=1      the baseline tree's step on the same project (the tree in .baseline, carried); AB=decode: only
