@@ -9,7 +9,7 @@ fp32 partials in share order (the CUDA threadfence-reduction pattern: every thre
 release-acquire count), so the result does not depend on which share finished first and no second kernel runs;
 the down projection (K 8960: cuBLAS splits K too, then sums in a second kernel) takes it as well.
 Measured on an H100 (bench/RESULTS.md, eighteenth session): the shares did not turn the q/k/v and output
-projections bandwidth-bound (5.85 and 5.10 µs at 16 rows), a few percent faster than cuBLAS at 16 rows and 20-25%
+projections bandwidth-bound (5.86 and 5.16 µs at 16 rows), a few percent faster than cuBLAS at 16 rows and 8-28%
 slower at 64. So ``decode_linear`` runs the kernel at up to ``MAX_ROWS`` rows where K splits, and cuBLAS otherwise
 (the 8 GB preset's 64 sequences keep cuBLAS; SENT's and evaluation's smaller batches take the kernel).
 
@@ -83,9 +83,9 @@ MAX_BLOCK_M = 64  # rows of x a program; more rows: more tiles, each streaming i
 # (BLOCK_K, pipeline stages) from the fastest guess down to what a 99 KiB card holds in fp32 (grpo/kernels/fit.py)
 OPTIONS = [(64, 4), (64, 3), (64, 2), (32, 2)]
 INTERPRETER_PROGRAMS = 8  # "multiprocessors" under Triton's interpreter: enough for the tests to split K
-# the most rows the kernel takes: on an H100 it beat cuBLAS at 16 rows (q/k/v 6.04 -> 5.85 µs a layer, output
-# 5.36 -> 5.10, down 14.6 -> 14.05; a decode step 1.980 -> 1.902 ms) and lost at 64 (6.24 -> 7.68, 5.54 -> 6.70,
-# 15.24 -> 16.39; 2.326 -> 2.477 ms): bench/RESULTS.md, eighteenth session
+# the most rows the kernel takes: on an H100 it beat cuBLAS at 16 rows (q/k/v 6.04 -> 5.86 µs a layer, output
+# 5.36 -> 5.16, down 14.6 -> 14.10; a decode step 1.980 -> 1.902 ms) and lost at 64 (6.24 -> 7.70, 5.54 -> 7.08,
+# 15.24 -> 16.43; 2.326 -> 2.477 ms): bench/RESULTS.md, eighteenth session
 MAX_ROWS = 16
 
 _COUNTS: dict[torch.device, Tensor] = {}  # each tile's count of shares done, zero between launches
