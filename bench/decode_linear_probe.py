@@ -67,7 +67,7 @@ def main() -> None:
                     # keyed by the tensors' device (cuda:0): the eighteenth session's call 3 keyed it "cuda", so
                     # its option rows all ran the first option
                     fit._CHOSEN[("decode_linear", x.device, torch.bfloat16, block_m)] = option
-                    decode_linear._programs = lambda device, p=programs: p  # the shares this way cuts K into
+                    decode_linear._programs_wanted = lambda device, p=programs: p  # the shares this way cuts K into
                     decode_linear.BLOCK_N = block_n
                     fn = lambda x, w, b: decode_linear.split_k_linear(x.view(-1, x.shape[-1]), w, b)  # noqa: E731
                     err = (fn(x, ws[0], bs[0]).float() - F.linear(x[:, 0], ws[0], bs[0]).float()).abs().max().item()

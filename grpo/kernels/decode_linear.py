@@ -25,8 +25,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from grpo.kernels.decode_attention import _interpreting, dependent_launch, triton
-from grpo.kernels.fit import first_that_loads
+# _programs_wanted: a program a multiprocessor, eight under the interpreter (so the CPU's tests split K too)
+from grpo.kernels.decode_attention import _interpreting, _programs_wanted, dependent_launch, triton
+from grpo.kernels.fit import first_that_loads, k_blocks_divide
 from grpo.kernels.matmul_4bit import block_m_for
 
 if triton is not None:
@@ -82,7 +83,6 @@ BLOCK_N = 64  # weight rows a program (one warpgroup's wgmma tile)
 MAX_BLOCK_M = 64  # rows of x a program; more rows: more tiles, each streaming its weights again
 # (BLOCK_K, pipeline stages) from the fastest guess down to what a 99 KiB card holds in fp32 (grpo/kernels/fit.py)
 OPTIONS = [(64, 4), (64, 3), (64, 2), (32, 2)]
-INTERPRETER_PROGRAMS = 8  # "multiprocessors" under Triton's interpreter: enough for the tests to split K
 # the most rows the kernel takes: on an H100 it beat cuBLAS at 16 rows (q/k/v 6.04 -> 5.86 µs a layer, output
 # 5.36 -> 5.16, down 14.6 -> 14.10; a decode step 1.980 -> 1.902 ms) and lost at 64 (6.24 -> 7.70, 5.54 -> 7.08,
 # 15.24 -> 16.43; 2.326 -> 2.477 ms): bench/RESULTS.md, eighteenth session
@@ -112,15 +112,9 @@ def partial_bytes(rows: int, n: int, k: int, programs: int) -> int:
 def takes(rows: int, n: int, k: int, programs: int) -> bool:
     """Whether ``decode_linear`` runs the kernel: at most ``MAX_ROWS`` rows, a width it takes, and K cut into
     shares on this many multiprocessors (unsplit it would be cuBLAS's tiles without cuBLAS's tuning)."""
-    if rows > MAX_ROWS or not fits(k):
+    if rows > MAX_ROWS or not k_blocks_divide(k, OPTIONS):
         return False
     return shares_for(-(-n // BLOCK_N), k // OPTIONS[0][0], programs)[0] > 1
-
-
-def _programs(device: torch.device) -> int:
-    if _interpreting() or device.type != "cuda":
-        return INTERPRETER_PROGRAMS
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _counts(device: torch.device, tiles: int) -> Tensor:
@@ -133,23 +127,19 @@ def _counts(device: torch.device, tiles: int) -> Tensor:
     return counts
 
 
-def fits(k: int) -> bool:
-    """Whether the kernel takes an input width ``k`` (every option's BLOCK_K divides it: the loop has no tail)."""
-    return all(k % block_k == 0 for block_k, _ in OPTIONS)
-
-
 def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)`` for a decode step's rows: the split-K kernel where it ``takes`` them, else
     ``F.linear`` itself."""
     n, k = weight.shape
     rows = x.reshape(-1, k)
-    if not weight.is_contiguous() or not takes(rows.shape[0], n, k, _programs(x.device)):
+    if not weight.is_contiguous() or not takes(rows.shape[0], n, k, _programs_wanted(x.device)):
         return F.linear(x, weight, bias)
     return split_k_linear(rows.contiguous(), weight, bias).view(*x.shape[:-1], n)
 
 
 def split_k_linear(rows: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
-    """The kernel: ``rows`` [M, K] @ ``weight``^T (+ ``bias``) for a contiguous ``weight`` [N, K] whose K ``fits``."""
+    """The kernel: ``rows`` [M, K] @ ``weight``^T (+ ``bias``) for a contiguous ``weight`` [N, K] whose K
+    every option's K block divides."""
     n, k = weight.shape
     block_m = block_m_for(rows.shape[0], MAX_BLOCK_M)
     tiles = triton.cdiv(n, BLOCK_N) * triton.cdiv(rows.shape[0], block_m)
@@ -158,7 +148,7 @@ def split_k_linear(rows: Tensor, weight: Tensor, bias: Tensor | None = None) -> 
 
     def launch(option: tuple[int, int]) -> Tensor:
         block_k, stages = option
-        shares, per_share = shares_for(tiles, k // block_k, _programs(rows.device))
+        shares, per_share = shares_for(tiles, k // block_k, _programs_wanted(rows.device))
         part = out if shares == 1 else torch.empty(tiles * shares * BLOCK_N * block_m, dtype=torch.float32,
                                                    device=rows.device)  # partial_bytes
         _decode_linear_kernel[(triton.cdiv(n, BLOCK_N), shares, triton.cdiv(rows.shape[0], block_m))](

@@ -21,6 +21,12 @@ T = TypeVar("T")
 _CHOSEN: dict[tuple, tuple] = {}  # the option that loaded, by kernel, device and specialisation
 
 
+def k_blocks_divide(k: int, options: Sequence[tuple]) -> bool:
+    """Whether every option's K block (its first element) divides ``k``: kernels whose K loop has no tail take
+    only such widths, whichever option loads."""
+    return all(k % option[0] == 0 for option in options)
+
+
 def first_that_loads(key: tuple, options: Sequence[tuple], launch: Callable[[tuple], T]) -> T:
     """``launch(option)`` for the option remembered under ``key``, else for each of ``options`` in turn until
     one loads (the last one's error, if it fails too, is the caller's); the one that loaded is remembered."""

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from grpo.kernels.decode_attention import _interpreting, dependent_launch, triton
-from grpo.kernels.fit import first_that_loads
+from grpo.kernels.fit import first_that_loads, k_blocks_divide
 from grpo.kernels.matmul_4bit import block_m_for
 
 if triton is not None:
@@ -59,7 +59,7 @@ OPTIONS = [(64, 4), (64, 3), (64, 2), (32, 2)]
 
 def block_k_divides(k: int) -> bool:
     """Whether K fits the kernel's K blocks (the loop has no tail: every option's BLOCK_K divides K)."""
-    return all(k % block_k == 0 for block_k, _ in OPTIONS)
+    return k_blocks_divide(k, OPTIONS)
 
 
 def swiglu_dense(x: Tensor, gate_up: Tensor) -> Tensor:

@@ -50,7 +50,7 @@ def test_counts_are_back_at_zero_after_a_split_call():
     device = kernel_device()
     x, w = torch.randn(16, 512, device=device), torch.randn(128, 512, device=device)
     tiles = 2
-    assert module.shares_for(tiles, 512 // 64, module._programs(torch.device(device)))[0] > 1  # it did split
+    assert module.shares_for(tiles, 512 // 64, module._programs_wanted(torch.device(device)))[0] > 1  # it did split
     module.split_k_linear(x, w)
     assert not module._COUNTS[x.device].any()
 
@@ -64,12 +64,12 @@ def test_decode_linear_takes_the_kernel_where_it_won_and_f_linear_elsewhere(monk
     device = kernel_device()
     w, b = torch.randn(128, 512, device=device), torch.randn(128, device=device)
     x = torch.randn(16, 1, 512, device=device)
-    assert module.takes(16, 128, 512, module._programs(x.device))
+    assert module.takes(16, 128, 512, module._programs_wanted(x.device))
     assert torch.equal(module.decode_linear(x, w, b), module.split_k_linear(x[:, 0], w, b)[:, None])
     for rows, width in ((17, 512), (4, 96)):
         x, w = torch.randn(rows, 1, width, device=device), torch.randn(128, width, device=device)
         assert torch.equal(module.decode_linear(x, w, b), F.linear(x, w, b)), (rows, width)
-    monkeypatch.setattr(module, "_programs", lambda device: 2)  # two tiles, two programs: K stays whole
+    monkeypatch.setattr(module, "_programs_wanted", lambda device: 2)  # two tiles, two programs: K stays whole
     x, w = torch.randn(16, 1, 512, device=device), torch.randn(128, 512, device=device)
     assert torch.equal(module.decode_linear(x, w, b), F.linear(x, w, b))
 
