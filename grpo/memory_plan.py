@@ -50,7 +50,9 @@ CUDA_RUNTIME_BYTES = int(0.75 * GIB)  # CUDA context, cuBLAS workspaces, allocat
 # what GPU generation leaves unplanned when it sizes its rows in flight: cuBLAS workspaces, CUDA graph
 # pools, fragmentation (grpo/rollout/budget.py), and the split-K decode projections' fp32 partial sums
 # (grpo/kernels/decode_linear.partial_bytes: at most 16 KiB a program, 3 MiB on 192 multiprocessors, one
-# call's at a time; not a row per sequence: it grows with the multiprocessors, not the rows)
+# call's at a time; not a row per sequence: it grows with the multiprocessors, not the rows), and above 16
+# sequences the down projection's parts' fp32 sums (decode_linear.PARTS x hidden x 4 bytes a sequence: 24 KiB at
+# hidden 1536, a thousandth of its KV cache)
 GENERATION_MARGIN = int(0.5 * GIB)
 LORA_TRAIN_BYTES = 16  # per LoRA parameter in training: fp32 value, gradient, AdamW's two moments
 LORA_LOADED_BYTES = 4  # per LoRA parameter of a loaded adapter: the fp32 value (grpo/model/lora.py)

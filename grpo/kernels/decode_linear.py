@@ -88,6 +88,12 @@ OPTIONS = [(64, 4), (64, 3), (64, 2), (32, 2)]
 # 15.24 -> 16.43; 2.326 -> 2.477 ms): bench/RESULTS.md, eighteenth session
 MAX_ROWS = 16
 
+# above MAX_ROWS the down projection is cuBLAS's matmul over K's parts in one batched call, the parts' fp32 sums left
+# to the next layer's compiled residual add (grpo/rollout/static_layers.residual) instead of cuBLAS's split-K
+# reduction kernel: the down projection with the next layer's add, norm and q/k/v 23.49 -> 22.22 µs a layer at 64
+# rows on an H100 (2 parts: 22.38, 5: 22.59, 10: 27.28; bench/down_partials_probe.py, RESULTS nineteenth session)
+PARTS = 4
+
 _COUNTS: dict[torch.device, Tensor] = {}  # each tile's count of shares done, zero between launches
 
 
@@ -135,6 +141,20 @@ def decode_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tens
     if not weight.is_contiguous() or not takes(rows.shape[0], n, k, _programs_wanted(x.device)):
         return F.linear(x, weight, bias)
     return split_k_linear(rows.contiguous(), weight, bias).view(*x.shape[:-1], n)
+
+
+def down_projection(x: Tensor, weight: Tensor) -> Tensor:
+    """A decode step's down projection ``x @ weight^T``: ``decode_linear``'s [..., N] at up to ``MAX_ROWS`` rows (or
+    where K does not cut into ``PARTS``); above, its fp32 partial sums over ``PARTS`` consecutive parts of K
+    [PARTS, ..., N], for the caller to add (their sum rounded once, as a matmul rounds its output)."""
+    n, k = weight.shape
+    rows = x.reshape(-1, k)
+    if rows.shape[0] <= MAX_ROWS or k % PARTS:
+        return decode_linear(x, weight)
+    parts = rows.reshape(rows.shape[0], PARTS, k // PARTS).transpose(0, 1)  # [PARTS, M, K / PARTS], row stride K
+    w = weight.view(n, PARTS, k // PARTS).permute(1, 2, 0)  # [PARTS, K / PARTS, N]: each part's W^T
+    out = torch.bmm(parts, w) if x.dtype == torch.float32 else torch.bmm(parts, w, out_dtype=torch.float32)
+    return out.view(PARTS, *x.shape[:-1], n)
 
 
 def split_k_linear(rows: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -40,11 +40,13 @@ from torch import Tensor
 
 from grpo.kernels.decode_attention import decode_attention, fused_supported, triton_runs
 from grpo.kernels.decode_linear import decode_linear_op
+from grpo.kernels.keyed_sample import keyed_best_op, keyed_sample
+from grpo.kernels.keyed_sample import takes as keyed_takes
 from grpo.model.dequant import drop_dense_copies, linear4bit_modules
 from grpo.rollout.sampling import row_keys, sample, vocab_offsets
 from grpo.rollout.slots import SlotSchedule, Wave
 from grpo.rollout.static_layers import (MLP_KERNELS, attend, heads, layer_weights, output_and_mlp, output_projection,
-                                        qkv_projection, torch_decode_attention)
+                                        qkv_projection, residual, torch_decode_attention)
 
 log = logging.getLogger(__name__)
 
@@ -94,11 +96,15 @@ def step_inputs(body: torch.nn.Module, ids: Tensor, positions: Tensor, dtype: to
 
 
 def next_token(norm: torch.nn.Module, lm_head: torch.nn.Module, x: Tensor, delta: Tensor, keys: Tensor,
-               positions: Tensor, offsets: Tensor, *, temperature: float, top_k: int, top_p: float) -> Tensor:
-    """The last layer's residual add (``x + delta`` [B, T, H], last position), the final norm, the LM head
-    and the keyed sampler (grpo.rollout.sampling)."""
-    return sample(lm_head(norm((x + delta)[:, -1])), keys, positions, temperature=temperature, top_k=top_k,
-                  top_p=top_p, offsets=offsets)
+               positions: Tensor, offsets: Tensor, *, temperature: float, top_k: int, top_p: float,
+               kernel: bool = False) -> Tensor:
+    """The last layer's residual add (``residual(x, delta)`` [B, T, H], last position), the final norm, the LM head
+    and the keyed sampler (grpo.rollout.sampling; with ``kernel``, at a plain temperature, its Triton kernel:
+    the same ids)."""
+    logits = lm_head(norm(residual(x, delta)[:, -1]))
+    if kernel and keyed_takes(temperature, top_k, top_p):
+        return keyed_sample(logits, keys, positions, offsets, temperature, keyed_best_op)
+    return sample(logits, keys, positions, temperature=temperature, top_k=top_k, top_p=top_p, offsets=offsets)
 
 
 def stops(token: Tensor, stop_ids: Tensor) -> Tensor:
@@ -129,13 +135,14 @@ class StaticDecoder:
     On CUDA (``compile``) the parts of each layer around its attention, and the sampler, are compiled
     by torch.compile so that the elementwise work fuses into a few kernels, and (``fused_attention``,
     where Triton runs) the attention is one Triton kernel: with ~20 small kernels a layer a decode step
-    was launch-bound even inside a CUDA graph. Where Triton runs (``triton_matmuls``) a decode step's gate, up
-    and SwiGLU over a dense gate/up copy are one Triton kernel too (grpo/kernels/swiglu_dense.py), and at up
-    to 16 sequences its q/k/v, output and down projections a split-K one (grpo/kernels/decode_linear.py)."""
+    was launch-bound even inside a CUDA graph. Where Triton runs (``triton_kernels``) a decode step's gate, up
+    and SwiGLU over a dense gate/up copy are one Triton kernel too (grpo/kernels/swiglu_dense.py), at up to 16
+    sequences its q/k/v, output and down projections a split-K one (grpo/kernels/decode_linear.py), and its
+    temperature sample another (grpo/kernels/keyed_sample.py)."""
 
     def __init__(self, model: torch.nn.Module, *, merge_lora: bool = True, read_4bit_mlp: bool = False,
                  cuda_graphs: bool | None = None, compile: bool | None = None, fused_attention: bool | None = None,
-                 triton_matmuls: bool | None = None, bucket: int = CACHE_BUCKET, sync_every: int = 32) -> None:
+                 triton_kernels: bool | None = None, bucket: int = CACHE_BUCKET, sync_every: int = 32) -> None:
         reason = supports(model)
         if reason is not None:
             raise ValueError(f"StaticDecoder cannot run this model: {reason}")
@@ -154,8 +161,8 @@ class StaticDecoder:
         self.compile = on_gpu if compile is None else compile
         group = cfg.num_attention_heads // self.n_kv
         self.fused = fused_supported(self.device, self.head_dim, group) if fused_attention is None else fused_attention
-        self.triton_matmuls = triton_runs(self.device) if triton_matmuls is None else triton_matmuls
-        linear = decode_linear_op if self.triton_matmuls else F.linear
+        self.triton_kernels = triton_runs(self.device) if triton_kernels is None else triton_kernels
+        linear = decode_linear_op if self.triton_kernels else F.linear
         self._part1, self._part2, self._project = (compiled(partial(f, linear=linear), self.compile) for f in
                                                    (qkv_projection, output_and_mlp, output_projection))
         self.read_4bit_mlp = read_4bit_mlp and bool(self._quantised) and triton_runs(self.device)
@@ -165,8 +172,8 @@ class StaticDecoder:
         # a step's edges, compiled too: in eager they were ~40 one-off kernels a step (embedding, RoPE
         # tables, the final norm, the sampler's bookkeeping), each a launch slot inside the graph (on an
         # H100: 271 -> 250 kernels, 2.51 -> 2.46 ms a step at 64 sequences, bench/RESULTS.md)
-        self._inputs, self._pick, self._advance = (compiled(f, self.compile)
-                                                   for f in (step_inputs, next_token, advance))
+        self._inputs, self._pick, self._advance = (compiled(f, self.compile) for f in (
+            step_inputs, partial(next_token, kernel=self.triton_kernels), advance))
         self._offsets = vocab_offsets(model.get_output_embeddings().out_features, self.device)
         self.weights: list[tuple[tuple, tuple]] = []
         # the graphs' warm-up stream, one for the decoder's life: cuBLAS gives every new stream a workspace
@@ -187,7 +194,7 @@ class StaticDecoder:
         unmerged LoRA. Tensors are rebuilt, so graphs captured before are stale (generate recaptures)."""
         with torch.profiler.record_function("grpo/decoder.refresh"):  # a sub-phase in a `grpo.profile` trace
             self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora, self.read_4bit_mlp,
-                                          self.triton_matmuls) for layer in self.body.layers]
+                                          self.triton_kernels) for layer in self.body.layers]
 
     def release(self) -> None:
         """Free the dense and merged weight copies until the next ``refresh`` (re-de-quantising a

@@ -14,7 +14,8 @@ A layer is split where the attention goes:
   the fused dense gate/up (``DenseMlp``, where Triton runs) it stops there too, and a decode step's gate,
   up and SwiGLU are one Triton kernel before the down projection.
 Where Triton runs, a decode step's q/k/v, output and down projections go through ``decode_linear``
-(grpo/kernels/decode_linear.py: a split-K kernel at up to 16 rows, cuBLAS above); a prompt's pass takes
+(grpo/kernels/decode_linear.py: a split-K kernel at up to 16 rows, cuBLAS above; above 16 rows the down
+projection's K in parts whose sums the next ``residual`` adds); a prompt's pass takes
 cuBLAS's (``F.linear``).
 
 Weights: every linear layer runs as a dense matmul in the compute dtype, except a 4-bit MLP read in 4
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from grpo.kernels.decode_linear import decode_linear
+from grpo.kernels.decode_linear import down_projection
 from grpo.kernels.matmul_4bit import Weight4bit, matmul_4bit, reference_mlp, swiglu_4bit
 from grpo.kernels.swiglu_dense import block_k_divides, swiglu_dense
 from grpo.model.dequant import dequantized
@@ -72,13 +73,22 @@ def _rms(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 Linear = Callable[[Tensor, Tensor, Tensor | None], Tensor]  # F.linear, or a decode step's kernel for it
 
 
+def residual(x: Tensor, delta: Tensor) -> Tensor:
+    """``x + delta``, the residual stream after an MLP; a ``delta`` with one more dimension holds the down
+    projection's fp32 partial sums over parts of K (``DenseMlp`` at a decode step's many rows), added here,
+    where the next kernel reads the stream anyway, and rounded once to the stream's dtype as a matmul's output."""
+    if delta.dim() == x.dim() + 1:
+        delta = delta.sum(0).to(x.dtype)
+    return x + delta
+
+
 def qkv_projection(x: Tensor, delta: Tensor | None, w: tuple, eps: float, linear: Linear = F.linear
                    ) -> tuple[Tensor, Tensor]:
     """Layer part 1: ``x + delta`` (the previous layer's MLP output; None for the first layer), norm,
     fused q/k/v projection (+ LoRA). Returns the residual stream and qkv [B, T, (Hq + 2 Hkv) D]."""
     ln1, qkv_w, qkv_b, lora_a, lora_b = w[:5]
     if delta is not None:
-        x = x + delta
+        x = residual(x, delta)
     h = _rms(x, ln1, eps)
     qkv = linear(h, qkv_w, qkv_b)
     if lora_a is not None:  # q/k/v adapters as one A (stacked) and one block-diagonal B, scale folded in
@@ -173,15 +183,16 @@ class Mlp4bit:
 @dataclass(frozen=True)
 class DenseMlp:
     """A SwiGLU MLP from the decoder's dense copies, gate and up concatenated [2I, H]: a decode step's gate,
-    up and SwiGLU in one Triton kernel (grpo/kernels/swiglu_dense.py) and its down projection the split-K one
-    (grpo/kernels/decode_linear.py), a prompt's pass as cuBLAS matmuls."""
+    up and SwiGLU in one Triton kernel (grpo/kernels/swiglu_dense.py) and its down projection
+    ``decode_linear.down_projection`` (the split-K kernel at up to 16 rows; above, partial sums that the next
+    ``residual`` adds), a prompt's pass as cuBLAS matmuls."""
 
     gate_up: Tensor
     down: Tensor
 
     def __call__(self, h: Tensor) -> Tensor:
         if h.shape[1] == 1:  # [B, 1, H]: a decode step
-            return decode_linear(swiglu_dense(h, self.gate_up), self.down)
+            return down_projection(swiglu_dense(h, self.gate_up), self.down)
         return swiglu_mlp(h, (self.gate_up,), self.down)
 
 
@@ -202,10 +213,10 @@ def mlp_4bit(mlp: torch.nn.Module, quantised: set[int]) -> Mlp4bit | None:
 
 @torch.no_grad()
 def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, merge: bool,
-                  read_4bit_mlp: bool = False, triton_matmuls: bool = False) -> tuple[tuple, tuple]:
+                  read_4bit_mlp: bool = False, triton_kernels: bool = False) -> tuple[tuple, tuple]:
     """The weight tuples of ``qkv_projection`` (with ``heads``' norms) and of ``output_and_mlp`` (or of
     ``output_projection`` followed by an MLP object: an ``Mlp4bit`` with ``read_4bit_mlp`` where ``mlp_4bit``
-    can read it, else a ``DenseMlp`` with ``triton_matmuls`` where gate and up are one copy) for one decoder layer,
+    can read it, else a ``DenseMlp`` with ``triton_kernels`` where gate and up are one copy) for one decoder layer,
     built from its live modules (``quantised``: ids of the 4-bit linear layers; ``merge``: fold LoRA in)."""
     at, mlp = layer.self_attn, layer.mlp
     qkv = [at.q_proj, at.k_proj, at.v_proj]
@@ -236,7 +247,7 @@ def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, 
     gate_up = (mlp.gate_proj, mlp.up_proj)
     copied = any(id(_base(m)) in quantised or _lora_on(m) for m in gate_up)
     gate_up_w = (torch.cat([merged(m) for m in gate_up]),) if copied else tuple(merged(m) for m in gate_up)
-    if triton_matmuls and copied and block_k_divides(gate_up_w[0].shape[1]):
+    if triton_kernels and copied and block_k_divides(gate_up_w[0].shape[1]):
         return part1, (*attention_out, DenseMlp(gate_up_w[0], merged(mlp.down_proj)))
     return part1, (*attention_out, gate_up_w, merged(mlp.down_proj))
 

@@ -19,7 +19,7 @@ pytest.importorskip("triton", reason="triton is not installed")
 
 
 def test_kernel_under_interpreter():
-    run_under_interpreter(__file__, passed=8)
+    run_under_interpreter(__file__, passed=9)
 
 
 @pytest.mark.parametrize("rows,n,k,bias,dtype", [
@@ -42,6 +42,33 @@ def test_matches_f_linear(rows, n, k, bias, dtype):
     close = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 1e-2, "atol": 1e-2}
     torch.testing.assert_close(got.float(), want, **close)
     assert torch.equal(split_k_linear(x, w, b), got)  # the shares added in the same order again
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_down_projection_above_max_rows_leaves_each_parts_sum_for_the_residual_add(dtype):
+    """Above ``MAX_ROWS`` rows: part p is x[:, part p] @ W[:, part p]^T in fp32 (K cut in ``PARTS`` by hand), and
+    ``static_layers.residual`` adds them as ``x + F.linear``; at up to ``MAX_ROWS`` rows, or a K that does not cut,
+    ``decode_linear``'s own output. No kernel above ``MAX_ROWS``: runs on a CPU too (bf16: a GPU's batched matmul
+    with fp32 outputs)."""
+    from grpo.kernels.decode_linear import MAX_ROWS, PARTS, down_projection
+    from grpo.rollout.static_layers import residual
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if dtype == torch.bfloat16 and device == "cpu":
+        pytest.skip("bf16 partials: cuBLAS's fp32-output batched matmul")
+    g = torch.Generator().manual_seed(2)
+    h = torch.randn(MAX_ROWS + 1, 1, 512, generator=g).to(device=device, dtype=dtype)
+    w = (torch.randn(96, 512, generator=g) * 0.05).to(device=device, dtype=dtype)
+    parts = down_projection(h, w)
+    assert parts.shape == (PARTS, MAX_ROWS + 1, 1, 96) and parts.dtype == torch.float32
+    per = 512 // PARTS
+    for p in range(PARTS):
+        want = F.linear(h[..., p * per:(p + 1) * per].float(), w[:, p * per:(p + 1) * per].float())
+        torch.testing.assert_close(parts[p], want, rtol=1e-4, atol=1e-4)
+    x = torch.randn(MAX_ROWS + 1, 1, 96, generator=g).to(device=device, dtype=dtype)
+    close = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    torch.testing.assert_close(residual(x, parts), x + F.linear(h, w), **close)
+    assert down_projection(h[..., :510], w[:, :510].contiguous()).shape == (MAX_ROWS + 1, 1, 96)  # 510: no 4 parts
 
 
 def test_counts_are_back_at_zero_after_a_split_call():

@@ -28,14 +28,30 @@ MAX_NEW = 10
 
 
 def test_every_test_again_with_the_triton_attention():
-    run_under_interpreter(__file__, passed=14)
+    run_under_interpreter(__file__, passed=16)
 
 
 def test_the_attention_is_triton_exactly_where_triton_runs(model):
     interpreting = os.environ.get("TRITON_INTERPRET") == "1"
     decoder = StaticDecoder(model)
     assert decoder.fused == (interpreting and importlib.util.find_spec("triton") is not None)
-    assert decoder.triton_matmuls == decoder.fused  # the dense gate/up + SwiGLU and the split-K matmul kernels too
+    assert decoder.triton_kernels == decoder.fused  # the dense gate/up + SwiGLU, split-K and sampler kernels too
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="the sampler's Triton kernel runs on a GPU or under the interpreter (this module's rerun)")
+def test_the_sampler_kernel_draws_the_pytorch_samplers_tokens(tiny_model_dir, tokenizer, prompts):
+    """At a plain temperature the decoder's steps draw with grpo/kernels/keyed_sample.py; the same seeded
+    samples as the PyTorch sampler (``triton_kernels=False``), two temperatures, several samples a prompt."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU: compiled and captured, as in training
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval().to(device)
+    for temperature in (1.0, 0.7):
+        params = SamplingParams(n=2, temperature=temperature, max_new_tokens=MAX_NEW, seed=11)
+        runs = [_ids(NativeEngine(model, tokenizer, batch_size=3, backend="static",
+                                  decoder=StaticDecoder(model, triton_kernels=kernel)), prompts, params)
+                for kernel in (True, False)]
+        assert runs[0] == runs[1]
+        assert len({tuple(ids) for group in runs[0] for ids in group}) == 2 * len(prompts)  # sampled, not greedy
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +116,24 @@ def test_mlp_only_lora_is_decoded(tiny_model_dir, tokenizer, prompts, merge):
         bare = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
     assert hf != bare
     assert _ids(NativeEngine(model, tokenizer, batch_size=3, backend="static", merge_lora=merge), prompts, params) == hf
+
+
+def test_more_rows_than_the_split_kernel_takes_decode_what_generate_does(tiny_model_dir, tokenizer, prompts):
+    """18 rows in flight, above ``decode_linear.MAX_ROWS``: where Triton runs (this module's rerun under the
+    interpreter) the MLP's down projection leaves its K parts' sums for the next layer's residual add
+    (``decode_linear.down_projection``, ``static_layers.residual``); greedy, the same tokens as ``generate``."""
+    from grpo.kernels.decode_linear import MAX_ROWS
+    from grpo.rollout.static_layers import DenseMlp
+
+    model = _with_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                       targets=("gate_proj", "up_proj", "down_proj"))
+    params = SamplingParams(n=6, temperature=0, max_new_tokens=MAX_NEW)
+    assert params.n * len(prompts) > MAX_ROWS
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=18, backend="hf"), prompts, params)
+    fast = NativeEngine(model, tokenizer, batch_size=18, backend="static", release_dense=False)
+    assert _ids(fast, prompts, params) == hf
+    mlps = [w2[-1] for _, w2 in fast._decoder.weights]
+    assert mlps and all(isinstance(m, DenseMlp) for m in mlps) == (os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def test_stop_tokens_padding_and_finish_reasons(tiny_model_dir, tokenizer, prompts):
