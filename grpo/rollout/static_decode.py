@@ -180,6 +180,7 @@ class StaticDecoder:
         # of its own (32 MiB on Hopper) that is never freed, and a stream per capture held 29 of them
         # (0.9 GiB, growing each step until PyTorch's pool of 32 streams came round) in an 8 GiB run
         self._side: torch.cuda.Stream | None = None
+        self._warmed: set[tuple] = set()  # (shapes, graph key) whose decode step has run once (``_graph``)
         self.refresh()
 
     def _compute_dtype(self) -> torch.dtype:
@@ -249,6 +250,8 @@ class StaticDecoder:
         self.pad, self.pad_id = pad_id, torch.tensor(pad_id, device=dev)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._pool = torch.cuda.graph_pool_handle() if self.cuda_graphs else None
+        # what a compiled step specialises on, besides the weights' shapes (fixed for the decoder's life)
+        self._shapes = (slots, cache_len, len(stop_ids), self.temperature, self.top_k, self.top_p)
 
     def _state(self) -> list[Tensor]:
         """What a decode step advances (the caches aside): saved around a graph's warm-up run."""
@@ -315,36 +318,58 @@ class StaticDecoder:
         return 0 if self.fused else length
 
     def _graph(self, length: int) -> torch.cuda.CUDAGraph:
-        """The decode step at ``length`` as a CUDA graph, captured on first use. The warm-up run before
-        capture (cuBLAS handles, compilation, allocator) advances the state, so the state is saved
-        and restored around it; the keys/values it wrote sit where the replayed step writes them again.
-        Capture itself only records."""
+        """The decode step at ``length`` as a CUDA graph, captured on first use, after a warm-up run the first
+        time this decoder captures at these shapes and settings (``_warmed``): a later call's capture, after a
+        refresh, records the same compiled code and kernels without one (40-70 ms of host work a GRPO step's
+        rollouts on an H100). Should that capture fail (something at these shapes not yet compiled or fitted),
+        the warm-up runs and it is captured again. Capture itself only records."""
         graph = self._graphs.get(self.graph_key(length))
         if graph is not None:
             return graph
+        warm = (self._shapes, self.graph_key(length))
         with torch.profiler.record_function("grpo/decoder.capture"):
-            saved = [t.clone() for t in self._state()]
             if self._side is None:
                 self._side = torch.cuda.Stream()
-            side = self._side
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                self._decode_step(length)
-            torch.cuda.current_stream().wait_stream(side)
-            for live, before in zip(self._state(), saved):
-                live.copy_(before)
-            # captured on the warm-up's stream directly: torch.cuda.graph would first synchronise and empty the
-            # device and host caches (cudaFree, cudaFreeHost: a 40 ms idle gap in an 8 GiB step's profile on an
-            # H100; the blocks freed are allocated again after); the private pool takes what the step allocates
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(side):
-                graph.capture_begin(pool=self._pool)
+            graph = None
+            if warm in self._warmed:
                 try:
-                    self._decode_step(length)
-                finally:
-                    graph.capture_end()
-            torch.cuda.current_stream().wait_stream(side)
+                    graph = self._capture(length)
+                except RuntimeError as err:  # left no state behind: a capture only records
+                    log.warning("decode step capture without a warm-up failed (%s); warming up", err)
+            if graph is None:
+                self._warm_up(length)
+                graph = self._capture(length)
+            self._warmed.add(warm)
             self._graphs[self.graph_key(length)] = graph
+        return graph
+
+    def _warm_up(self, length: int) -> None:
+        """One decode step run on the capture stream (compilation, cuBLAS handles, the kernels' launch options,
+        the allocator), the state it advances saved and restored around it; the keys/values it wrote sit where
+        the replayed step writes them again."""
+        saved = [t.clone() for t in self._state()]
+        side = self._side
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._decode_step(length)
+        torch.cuda.current_stream().wait_stream(side)
+        for live, before in zip(self._state(), saved):
+            live.copy_(before)
+
+    def _capture(self, length: int) -> torch.cuda.CUDAGraph:
+        # captured on the warm-up's stream directly: torch.cuda.graph would first synchronise and empty the
+        # device and host caches (cudaFree, cudaFreeHost: a 40 ms idle gap in an 8 GiB step's profile on an
+        # H100; the blocks freed are allocated again after); the private pool takes what the step allocates
+        graph = torch.cuda.CUDAGraph()
+        side = self._side
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            graph.capture_begin(pool=self._pool)
+            try:
+                self._decode_step(length)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream().wait_stream(side)
         return graph
 
     def _collect(self, schedule: SlotSchedule, results: list, on_done) -> None:

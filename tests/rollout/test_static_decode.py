@@ -311,6 +311,34 @@ def test_cuda_graph_decode_matches_generate(tiny_model_dir, tokenizer, prompts):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU")
+def test_a_later_call_captures_without_a_warm_up_and_decodes_the_new_adapter(tiny_model_dir, tokenizer, prompts):
+    """A GRPO step's rollouts after the first: the adapter has changed, the weights are refreshed, and the step is
+    captured at shapes this decoder has run, without a warm-up run; its tokens are ``generate``'s for the new
+    adapter."""
+    model = _with_lora(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).cuda())
+    params = SamplingParams(temperature=0, max_new_tokens=40)
+    decoder = StaticDecoder(model, bucket=16, sync_every=8)
+    engine = NativeEngine(model, tokenizer, batch_size=3, backend="static", decoder=decoder)
+    warm_ups, warm_up = [], decoder._warm_up
+
+    def counted(length: int) -> None:
+        warm_ups.append(length)
+        warm_up(length)
+
+    decoder._warm_up = counted
+    first = _ids(engine, prompts, params)
+    assert first == _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    first_call = len(warm_ups)  # one a graph: one for every cache length with the Triton attention
+    assert first_call == len(decoder._warmed) >= 1
+    for m in lora_modules(model).values():
+        torch.nn.init.zeros_(m.lora_B)
+    bare = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    assert bare != first
+    assert _ids(engine, prompts, params) == bare
+    assert len(warm_ups) == first_call
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graph capture needs a GPU")
 def test_recaptured_graphs_leave_no_memory_behind(tiny_model_dir, tokenizer, prompts):
     """Every generate call captures its graphs again; what the calls leave allocated must not grow with
     them. A new warm-up stream per capture left one cuBLAS workspace (32 MiB on Hopper) per stream, up to
