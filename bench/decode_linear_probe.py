@@ -13,7 +13,6 @@ $OUT/decode_linear_probe_LABEL.json (default bench/results/).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -23,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.matmul_4bit_probe import HIDDEN, INTER, captured, replay_us  # noqa: E402
+from bench.matmul_4bit_probe import HIDDEN, INTER, captured, probe_args, replay_us  # noqa: E402
 from grpo.kernels import decode_linear, fit  # noqa: E402
 
 OUT = Path(os.environ.get("OUT") or Path(__file__).parent / "results")
@@ -44,11 +43,7 @@ def ways(sms: int) -> list[tuple[str, tuple[int, int] | None, int, int]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--label", default="probe")
-    parser.add_argument("--rows", default="16,64")
-    parser.add_argument("--layers", type=int, default=28)
-    args = parser.parse_args()
+    args = probe_args(__doc__)
     dev = torch.device("cuda")
     sms = torch.cuda.get_device_properties(dev).multi_processor_count
     results = {"gpu": torch.cuda.get_device_name(), "sms": sms, "layers": args.layers, "rows": {}}

@@ -22,7 +22,6 @@ Writes $OUT/down_partials_probe_LABEL.json (default bench/results/).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -32,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.matmul_4bit_probe import HIDDEN, INTER, captured, replay_us  # noqa: E402
+from bench.matmul_4bit_probe import HIDDEN, INTER, captured, probe_args, replay_us  # noqa: E402
 from grpo.kernels import decode_linear, fit, swiglu_dense  # noqa: E402
 from grpo.rollout.static_decode import compiled  # noqa: E402
 from grpo.rollout.static_layers import qkv_projection  # noqa: E402
@@ -106,11 +105,7 @@ def gate_up_waves(rows: int, layers: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--label", default="probe")
-    parser.add_argument("--rows", default="16,64")
-    parser.add_argument("--layers", type=int, default=28)
-    args = parser.parse_args()
+    args = probe_args(__doc__)
     torch._dynamo.config.recompile_limit = 64  # the part recompiles for each count of parts
     results: dict = {"gpu": torch.cuda.get_device_name(), "layers": args.layers, "rows": {}}
     for rows in (int(r) for r in args.rows.split(",")):

@@ -77,6 +77,16 @@ def widened(x: torch.Tensor) -> torch.Tensor:
     return x.repeat(1, INTER // HIDDEN + 1)[:, :INTER].contiguous()
 
 
+def probe_args(doc: str, layers: int = 28) -> argparse.Namespace:
+    """The decode probes' common arguments: ``--label`` (the JSON's name), ``--rows`` (a decode step's rows, comma
+    separated) and ``--layers`` (distinct layers' weights streamed)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--label", default="probe")
+    parser.add_argument("--rows", default="16,64")
+    parser.add_argument("--layers", type=int, default=layers)
+    return parser.parse_args()
+
+
 def captured(fn) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """``fn`` warmed up on a side stream, then captured, as the static decoder does; replayed once."""
     side = torch.cuda.Stream()

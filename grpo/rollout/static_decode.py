@@ -13,8 +13,8 @@ weights they read, bounds a step: so on CUDA each layer's attention (RoPE, the c
 softmax over the slot's cache) is one Triton kernel (grpo/kernels/decode_attention.py), the parts
 around it are torch.compile'd to fuse the residual / norm / SwiGLU elementwise work into the matmuls'
 neighbours, and so are the step's edges (embedding and RoPE tables; final norm, LM head and sampler; the
-bookkeeping). The layer maths and weights are
-grpo/rollout/static_layers.py.
+bookkeeping). The layer maths and weights are grpo/rollout/static_layers.py, the step's edges
+grpo/rollout/static_step.py.
 
 Continuous batching (grpo/rollout/slots.py schedules it): each slot is one row of the cache with its
 own cursor (where its next key/value goes), RoPE position, token count, limit and sampling key. When
@@ -40,13 +40,12 @@ from torch import Tensor
 
 from grpo.kernels.decode_attention import decode_attention, fused_supported, triton_runs
 from grpo.kernels.decode_linear import decode_linear_op
-from grpo.kernels.keyed_sample import keyed_best_op, keyed_sample
-from grpo.kernels.keyed_sample import takes as keyed_takes
 from grpo.model.dequant import drop_dense_copies, linear4bit_modules
-from grpo.rollout.sampling import row_keys, sample, vocab_offsets
+from grpo.rollout.sampling import row_keys, vocab_offsets
 from grpo.rollout.slots import SlotSchedule, Wave
 from grpo.rollout.static_layers import (MLP_KERNELS, attend, heads, layer_weights, output_and_mlp, output_projection,
-                                        qkv_projection, residual, torch_decode_attention)
+                                        qkv_projection, torch_decode_attention)
+from grpo.rollout.static_step import advance, next_token, step_inputs, stops
 
 log = logging.getLogger(__name__)
 
@@ -85,46 +84,6 @@ def supports(model: torch.nn.Module) -> str | None:
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"hidden_act {cfg.hidden_act!r} (SwiGLU with silu only)"
     return None
-
-
-def step_inputs(body: torch.nn.Module, ids: Tensor, positions: Tensor, dtype: torch.dtype
-                ) -> tuple[Tensor, Tensor, Tensor]:
-    """The embedded ``ids`` [B, T] and the RoPE tables at ``positions`` [B, T]."""
-    x = body.embed_tokens(ids).to(dtype)
-    cos, sin = body.rotary_emb(x, positions)
-    return x, cos, sin
-
-
-def next_token(norm: torch.nn.Module, lm_head: torch.nn.Module, x: Tensor, delta: Tensor, keys: Tensor,
-               positions: Tensor, offsets: Tensor, *, temperature: float, top_k: int, top_p: float,
-               kernel: bool = False) -> Tensor:
-    """The last layer's residual add (``residual(x, delta)`` [B, T, H], last position), the final norm, the LM head
-    and the keyed sampler (grpo.rollout.sampling; with ``kernel``, at a plain temperature, its Triton kernel:
-    the same ids)."""
-    logits = lm_head(norm(residual(x, delta)[:, -1]))
-    if kernel and keyed_takes(temperature, top_k, top_p):
-        return keyed_sample(logits, keys, positions, offsets, temperature, keyed_best_op)
-    return sample(logits, keys, positions, temperature=temperature, top_k=top_k, top_p=top_p, offsets=offsets)
-
-
-def stops(token: Tensor, stop_ids: Tensor) -> Tensor:
-    """Which of ``token`` [B] are stop ids."""
-    return (token[:, None] == stop_ids[None]).any(-1)
-
-
-def advance(sampled: Tensor, finished: Tensor, out: Tensor, count: Tensor, limit: Tensor, tokens: Tensor,
-            cursor: Tensor, positions: Tensor, stop_ids: Tensor, pad_id: Tensor) -> None:
-    """A decode step's bookkeeping, in place: a live slot keeps its ``sampled`` token and moves on, an
-    ended one writes its pad into ``out``'s spare last column and stays put."""
-    token = torch.where(finished, pad_id, sampled)
-    live = (~finished).long()
-    column = torch.where(finished, out.shape[1] - 1, count)
-    out.scatter_(1, column[:, None], token[:, None])
-    count += live
-    finished |= stops(token, stop_ids) | (count >= limit)
-    tokens.copy_(token)
-    cursor += live  # an ended slot stays put: its writes never leave the cache
-    positions += live
 
 
 class StaticDecoder:
