@@ -69,8 +69,9 @@ def takes(temperature: float, top_k: int, top_p: float) -> bool:
 
 def keyed_best(logits: Tensor, streams: Tensor, offsets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
     """The kernel: each row's best score and its id in each of ``CHUNKS`` parts of the vocabulary ([B, CHUNKS]
-    fp32 and int32), for ``logits`` [B, V] (rows contiguous), the rows' noise ``streams`` [B] (int32 bits of
+    fp32 and int32), for ``logits`` [B, V], the rows' noise ``streams`` [B] (int32 bits of
     ``mix(keys, positions)``) and ``offsets`` (``sampling.vocab_offsets``)."""
+    logits = logits.contiguous()  # a no-op for the LM head's output; the kernel reads a row's ids at stride 1
     rows, vocab = logits.shape
     best = torch.empty(rows, CHUNKS, dtype=torch.float32, device=logits.device)
     at = torch.empty(rows, CHUNKS, dtype=torch.int32, device=logits.device)
