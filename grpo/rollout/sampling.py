@@ -19,8 +19,9 @@ wins. Temperature 0 is a plain argmax: greedy stays exactly greedy.
 Why Gumbel-max rather than inverse-CDF sampling (one uniform per row and a cumulative sum over the
 vocabulary, cheaper to hash): a float32 cumulative sum over ~150k probabilities drops every token
 below its rounding step once the sum nears 1 and depends on the vocabulary's order; Gumbel-max has
-neither problem, and is one elementwise pass that torch.compile fuses on a GPU. Everything is a pure
-tensor op with no torch.Generator, so the sampler can be captured in a CUDA graph.
+neither problem, and is one elementwise pass that torch.compile fuses on a GPU (where the static decoder
+draws at a plain temperature, grpo/kernels/keyed_sample.py computes the same numbers in one Triton kernel).
+Everything is a pure tensor op with no torch.Generator, so the sampler can be captured in a CUDA graph.
 
 The hash: keys are 32-bit values held in int64 tensors; the mixer (the xorshift-multiply form of
 Wellons's lowbias32, a bijection on 32 bits) runs on their int32 bit patterns, where sums and products
