@@ -19,18 +19,20 @@ import torch
 from torch import Tensor
 
 from grpo.kernels.decode_attention import dependent_launch, triton
-from grpo.rollout.sampling import as_bits, mix
+from grpo.rollout.sampling import MIX_M1, MIX_M2, noise_streams
 
 if triton is not None:
     import triton.language as tl
+
+    M1, M2 = tl.constexpr(MIX_M1), tl.constexpr(MIX_M2)  # sampling.hash_bits's multipliers, as constexprs
 
     @triton.jit
     def _hash_bits(x):
         # sampling.hash_bits: int32 products wrap; a logical shift is the arithmetic one with the sign masked off
         x = x ^ ((x >> 16) & 0xFFFF)
-        x = x * 0x7FEB352D
+        x = x * M1
         x = x ^ ((x >> 15) & 0x1FFFF)
-        x = x * 0x21F0AAAD
+        x = x * M2
         return x ^ ((x >> 15) & 0x1FFFF)
 
     @triton.jit
@@ -69,8 +71,8 @@ def takes(temperature: float, top_k: int, top_p: float) -> bool:
 
 def keyed_best(logits: Tensor, streams: Tensor, offsets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
     """The kernel: each row's best score and its id in each of ``CHUNKS`` parts of the vocabulary ([B, CHUNKS]
-    fp32 and int32), for ``logits`` [B, V], the rows' noise ``streams`` [B] (int32 bits of
-    ``mix(keys, positions)``) and ``offsets`` (``sampling.vocab_offsets``)."""
+    fp32 and int32), for ``logits`` [B, V], the rows' ``sampling.noise_streams`` [B] and ``offsets``
+    (``sampling.vocab_offsets``)."""
     logits = logits.contiguous()  # a no-op for the LM head's output; the kernel reads a row's ids at stride 1
     rows, vocab = logits.shape
     best = torch.empty(rows, CHUNKS, dtype=torch.float32, device=logits.device)
@@ -100,5 +102,5 @@ def keyed_sample(logits: Tensor, keys: Tensor, positions: Tensor, offsets: Tenso
     """``sampling.sample(logits, keys, positions, temperature=temperature, offsets=offsets)`` [B] (int64): the
     programs' bests (``best``: ``keyed_best``, or ``keyed_best_op`` where compiled), then the first best of each
     row's programs."""
-    scores, at = best(logits, as_bits(mix(keys, positions.long())), offsets, temperature)
+    scores, at = best(logits, noise_streams(keys, positions), offsets, temperature)
     return at.gather(1, scores.argmax(-1, keepdim=True))[:, 0].long()

@@ -41,7 +41,7 @@ MASK32 = 0xFFFFFFFF
 # 2**32 - 2**32 / golden ratio (0x9E3779B9), odd: v * GOLDEN visits every 32-bit value once; below
 # 2**31, like the mixer's multipliers
 GOLDEN = 0x61C88647
-_M1, _M2 = 0x7FEB352D, 0x21F0AAAD  # odd, below 2**31: int32 constants
+MIX_M1, MIX_M2 = 0x7FEB352D, 0x21F0AAAD  # the mixer's multipliers: odd, below 2**31 (int32 constants)
 
 
 def as_bits(x: Tensor) -> Tensor:
@@ -56,9 +56,9 @@ def hash_bits(x: Tensor) -> Tensor:
     several instructions each on a GPU (the compiled sampler of a 64-row step: 84 µs on an H100 in int64,
     78 in int32, bench/RESULTS.md)."""
     x = x ^ ((x >> 16) & 0xFFFF)
-    x = x * _M1
+    x = x * MIX_M1
     x = x ^ ((x >> 15) & 0x1FFFF)
-    x = x * _M2
+    x = x * MIX_M2
     return x ^ ((x >> 15) & 0x1FFFF)
 
 
@@ -90,11 +90,16 @@ def vocab_offsets(vocab: int, device: torch.device | str = "cpu") -> Tensor:
     return as_bits((step.cumsum(0) - GOLDEN) & MASK32)
 
 
+def noise_streams(keys: Tensor, positions: Tensor) -> Tensor:
+    """Each row's noise stream at its response position [B] (int32 bits): vocabulary entry v's noise hashes
+    stream + ``vocab_offsets``[v]."""
+    return as_bits(mix(keys, positions.long()))
+
+
 def gumbel_noise(keys: Tensor, positions: Tensor, offsets: Tensor) -> Tensor:
     """Gumbel(0, 1) noise [B, V] float32 for rows with ``keys`` [B] at response ``positions`` [B];
     ``offsets`` [V] is ``vocab_offsets(V)``."""
-    stream = as_bits(mix(keys, positions.long()))
-    h = hash_bits(stream[:, None] + offsets[None])
+    h = hash_bits(noise_streams(keys, positions)[:, None] + offsets[None])
     u = (((h >> 8) & 0xFFFFFF).float() + 0.5) * 2.0**-24
     return -torch.log(-torch.log(u))
 

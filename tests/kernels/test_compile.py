@@ -78,13 +78,13 @@ def test_the_decode_matmul_has_an_option_that_fits_and_counts_its_shares_release
 def test_the_decode_kernels_wait_for_the_kernel_before_only_when_launched_dependent():
     """Programmatic dependent launch (``decode_attention.dependent_launch``): compiled for an H100 with ``PDL`` and
     Triton's ``launch_pdl``, the attention (whole caches and shares), the shares' combine, the dense gate/up
-    kernel and the split-K decode matmul wait on the kernel before (PTX ``griddepcontrol.wait``) before their
-    first load; compiled as an RTX card gets them (no ``PDL``), they hold no such instruction, which sm_86 does
-    not have."""
+    kernel, the split-K decode matmul and the keyed sampler wait on the kernel before (PTX ``griddepcontrol.wait``)
+    before their first load; compiled as an RTX card gets them (no ``PDL``), they hold no such instruction, which
+    sm_86 does not have."""
     from triton.backends.compiler import GPUTarget
 
     from bench.smem_fit import _decode_attention, decode_linear_options, source, swiglu_dense_options
-    from grpo.kernels import decode_attention
+    from grpo.kernels import decode_attention, keyed_sample
 
     attention = _decode_attention("bfloat16", decode_attention.BLOCK_L)
     shares = (attention[0], attention[1], {**attention[2], "SPLITS": 4, "CHUNK": 256})
@@ -93,7 +93,11 @@ def test_the_decode_kernels_wait_for_the_kernel_before_only_when_launched_depend
                {"HQ": 12, "D": 128, "SPLITS": 4, "SP": 4})
     gate_up_options, gate_up = swiglu_dense_options("bfloat16")[0]
     linear_options, linear = decode_linear_options("bfloat16")[0]
-    for fn, signature, constants in (attention, shares, combine, gate_up, linear):
+    sampler = (keyed_sample._keyed_best_kernel,
+               {"logits_ptr": "*bf16", "stride_row": "i32", "streams_ptr": "*i32", "offsets_ptr": "*i32",
+                "best_ptr": "*fp32", "at_ptr": "*i32", "V": "i32", "chunk": "i32", "temperature": "fp32"},
+               {"BLOCK": keyed_sample.BLOCK})
+    for fn, signature, constants in (attention, shares, combine, gate_up, linear, sampler):
         for arch, pdl in ((90, True), (86, False)):
             options = {"num_warps": 4, **({"launch_pdl": True} if pdl else {})}
             ptx = triton.compile(source(fn, signature, {**constants, "PDL": pdl}), target=GPUTarget("cuda", arch, 32),

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from grpo.rollout.sampling import as_bits, keyed_scores, mix, row_keys, sample, vocab_offsets
+from grpo.rollout.sampling import keyed_scores, noise_streams, row_keys, sample, vocab_offsets
 from tests.kernels.interpreter import kernel_device, run_under_interpreter
 
 pytest.importorskip("triton", reason="triton is not installed")
@@ -75,7 +75,7 @@ def test_each_programs_best_is_its_parts_best():
     device = kernel_device()
     logits, keys, positions = _rows(2, 3000, torch.float32, device)
     offsets = vocab_offsets(3000, device)
-    best, at = module.keyed_best(logits, as_bits(mix(keys, positions.long())), offsets, 1.0)
+    best, at = module.keyed_best(logits, noise_streams(keys, positions), offsets, 1.0)
     scores = keyed_scores(logits, keys, positions, temperature=1.0, offsets=offsets)
     chunk = -(-3000 // module.CHUNKS)
     for part in range(module.CHUNKS):
