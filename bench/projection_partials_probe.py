@@ -37,7 +37,8 @@ PARTS = [2, 3, 4, 6]
 
 
 def bmm_parts(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
-    """[parts, ..., N] fp32 partial sums of ``x @ weight^T`` over consecutive parts of K, one batched matmul."""
+    """[parts, ..., N] fp32 partial sums of ``x @ weight^T`` over consecutive parts of K, one batched matmul:
+    ``decode_linear.down_projection``'s matmul at any row count (it takes the split-K kernel at up to 16 rows)."""
     n, k = weight.shape
     rows = x.reshape(-1, k)
     cut = rows.reshape(rows.shape[0], parts, k // parts).transpose(0, 1)
