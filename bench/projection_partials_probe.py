@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.matmul_4bit_probe import HIDDEN, captured, probe_args, replay_us  # noqa: E402
-from grpo.kernels.decode_linear import decode_linear_op  # noqa: E402
+from grpo.kernels.decode_linear import decode_linear_op, part_sums  # noqa: E402
 from grpo.rollout.static_decode import compiled  # noqa: E402
 from grpo.rollout.static_layers import _rms, output_projection, qkv_projection, residual  # noqa: E402
 
@@ -36,14 +36,10 @@ EPS = 1e-6
 PARTS = [2, 3, 4, 6]
 
 
-def bmm_parts(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
-    """[parts, ..., N] fp32 partial sums of ``x @ weight^T`` over consecutive parts of K, one batched matmul:
-    ``decode_linear.down_projection``'s matmul at any row count (it takes the split-K kernel at up to 16 rows)."""
-    n, k = weight.shape
-    rows = x.reshape(-1, k)
-    cut = rows.reshape(rows.shape[0], parts, k // parts).transpose(0, 1)
-    out = torch.bmm(cut, weight.view(n, parts, k // parts).permute(1, 2, 0), out_dtype=torch.float32)
-    return out.view(parts, *x.shape[:-1], n)
+def add_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream ``residual(x, delta)`` (partial sums summed there) and its norm."""
+    x = residual(x, delta)
+    return x, _rms(x, weight, EPS)
 
 
 def timed(run, expected: torch.Tensor | None, layers: int) -> dict:
@@ -63,7 +59,7 @@ def output_ways(rows: int, layers: int) -> dict:
     a = torch.randn(rows, 1, HIDDEN, generator=g, device="cuda").bfloat16()
     x0 = torch.randn(rows, 1, HIDDEN, generator=g, device="cuda").bfloat16()
     shipped = compiled(partial(output_projection, eps=EPS, linear=decode_linear_op), True)
-    add_norm = compiled(lambda x, parts, ln2: (lambda y: (y, _rms(y, ln2, EPS)))(residual(x, parts)), True)
+    norm = compiled(add_norm, True)
 
     def chain(step):
         def run():
@@ -76,7 +72,7 @@ def output_ways(rows: int, layers: int) -> dict:
     found = {"shipped": chain(lambda x, w: shipped(x, a, w))}
     for p in PARTS:
         # the matmul eager, its partials into the compiled add: the decoder would call it as an opaque op
-        found[f"bmm {p}"] = chain(lambda x, w, p=p: add_norm(x, bmm_parts(a, w[0], p), w[4]))
+        found[f"bmm {p}"] = chain(lambda x, w, p=p: norm(x, part_sums(a, w[0], p), w[4]))
     expected = found["shipped"]()
     return {name: timed(run, expected, layers) for name, run in found.items()}
 
@@ -89,7 +85,7 @@ def qkv_ways(rows: int, layers: int) -> dict:
     x0 = torch.randn(rows, 1, HIDDEN, generator=g, device="cuda").bfloat16()
     delta = torch.randn(rows, 1, HIDDEN, generator=g, device="cuda").bfloat16()
     shipped = compiled(partial(qkv_projection, eps=EPS, linear=decode_linear_op), True)
-    norm = compiled(lambda x, d, ln1: (lambda y: (y, _rms(y, ln1, EPS)))(residual(x, d)), True)
+    norm = compiled(add_norm, True)
     summed = compiled(lambda parts, b: (parts.sum(0) + b.float()).to(torch.bfloat16), True)
 
     def run_with(project):
@@ -103,7 +99,7 @@ def qkv_ways(rows: int, layers: int) -> dict:
     def parts_of(p, add):
         def project(x, w):
             x, h = norm(x, delta, w[0])
-            parts = bmm_parts(h, w[1], p)
+            parts = part_sums(h, w[1], p)
             return x, summed(parts, w[2]) if add else parts
         return project
 

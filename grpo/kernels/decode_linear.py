@@ -147,14 +147,21 @@ def down_projection(x: Tensor, weight: Tensor) -> Tensor:
     """A decode step's down projection ``x @ weight^T``: ``decode_linear``'s [..., N] at up to ``MAX_ROWS`` rows (or
     where K does not cut into ``PARTS``); above, its fp32 partial sums over ``PARTS`` consecutive parts of K
     [PARTS, ..., N], for the caller to add (their sum rounded once, as a matmul rounds its output)."""
+    k = weight.shape[1]
+    if x.numel() // k <= MAX_ROWS or k % PARTS:
+        return decode_linear(x, weight)
+    return part_sums(x, weight, PARTS)
+
+
+def part_sums(x: Tensor, weight: Tensor, parts: int) -> Tensor:
+    """The fp32 partial sums of ``x @ weight^T`` over ``parts`` consecutive parts of K [parts, ..., N] (``parts``
+    divides K), as one cuBLAS strided-batched matmul."""
     n, k = weight.shape
     rows = x.reshape(-1, k)
-    if rows.shape[0] <= MAX_ROWS or k % PARTS:
-        return decode_linear(x, weight)
-    parts = rows.reshape(rows.shape[0], PARTS, k // PARTS).transpose(0, 1)  # [PARTS, M, K / PARTS], row stride K
-    w = weight.view(n, PARTS, k // PARTS).permute(1, 2, 0)  # [PARTS, K / PARTS, N]: each part's W^T
-    out = torch.bmm(parts, w) if x.dtype == torch.float32 else torch.bmm(parts, w, out_dtype=torch.float32)
-    return out.view(PARTS, *x.shape[:-1], n)
+    cut = rows.reshape(rows.shape[0], parts, k // parts).transpose(0, 1)  # [parts, M, K / parts], row stride K
+    w = weight.view(n, parts, k // parts).permute(1, 2, 0)  # [parts, K / parts, N]: each part's W^T
+    out = torch.bmm(cut, w) if x.dtype == torch.float32 else torch.bmm(cut, w, out_dtype=torch.float32)
+    return out.view(parts, *x.shape[:-1], n)
 
 
 def split_k_linear(rows: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
