@@ -208,8 +208,9 @@ class TrainParams:
     # 1.08x faster at 16 sequences, 1.17x slower at 64 on an H100 (bench/RESULTS.md); grpo.tune measures both
     generation_mlp_4bit: bool = False
     train_batch_size: int = _check(positive, default=8)  # sequences per training micro-batch
-    # train through a dense copy of the frozen 4-bit base, made once a step (grpo/model/dequant.py): fewer,
-    # larger kernels than de-quantising in every pass; the copy's memory while training (grpo.check, grpo.tune)
+    # train the 4-bit layers no adapter wraps through a dense copy made once and kept for the run, which the static
+    # decoder reads too (grpo/model/dequant.py): fewer, larger kernels than de-quantising in every pass, and no
+    # step de-quantises those layers again; the copy's memory while training (grpo.check, grpo.tune)
     dense_training: bool = False
     # torch.compile each decoder layer for the scoring and training passes (grpo/model/compiled.py): fewer,
     # fused kernels, one compile at the first step; grpo.tune measures both, the compile spread over max_steps

@@ -179,8 +179,9 @@ def sampling_bytes_per_logit(dtype: str, *, greedy: bool, top_p: float, top_k: i
 
 def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, prompt_tokens: int,
                     new_tokens: int, static_decoder: bool, lora_targets: tuple[str, ...] = (),
-                    merge_lora: bool = True, read_4bit_mlp: bool = False, greedy: bool = False, top_p: float = 1.0,
-                    top_k: int = 0, prefill_rows: int | None = None) -> dict[str, int]:
+                    merge_lora: bool = True, read_4bit_mlp: bool = False, kept_base: bool = False,
+                    greedy: bool = False, top_p: float = 1.0, top_k: int = 0,
+                    prefill_rows: int | None = None) -> dict[str, int]:
     """The generation phase's own components (bytes): decoder_copy, kv_cache, decode_step, prefill.
 
     ``sequences`` decode concurrently (the static decoder's slots), each with a cache of the longest
@@ -189,7 +190,9 @@ def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, 
     decoder's copy when ``merge_lora``, for the layers it merges). ``read_4bit_mlp``: the decoder reads a
     4-bit MLP without LoRA in 4 bits (grpo/kernels/matmul_4bit.py): no copy of it, an fp32 absmax a block
     of 64 instead, and one layer's MLP de-quantised at a time while a prompt is prefilled; an unquantised
-    base is copied as without it."""
+    base is copied as without it. ``kept_base`` (``train.dense_training``): the 4-bit layers without an
+    adapter are read from the copy kept for the run (resident, not counted here; ``read_4bit_mlp`` is then
+    ignored, as the decoder ignores it), the decoder copies q/k/v (concatenated) and the adapter layers."""
     dt = DTYPE_BYTES[dtype]
     shapes = arch.linear_shapes()
     prefill_rows = sequences if prefill_rows is None else prefill_rows
@@ -201,16 +204,18 @@ def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, 
             return sum(shapes[n][0] * shapes[n][1] for n in names)
 
         mlp = ("gate_proj", "up_proj", "down_proj")
-        four_bit_mlp = read_4bit_mlp and quantised and not set(mlp) & set(lora_targets)  # as the decoder reads
+        # as the decoder reads
+        four_bit_mlp = read_4bit_mlp and quantised and not kept_base and not set(mlp) & set(lora_targets)
         # a 4-bit MLP read in 4 bits is de-quantised one layer at a time while a prompt is prefilled
         prefill_copy = size(*mlp) * dt if four_bit_mlp else 0
-        if quantised:  # every layer de-quantised once, LoRA merged into those copies
+        if quantised and not kept_base:  # every layer de-quantised once, LoRA merged into those copies
             per_layer = size(*shapes)
             if four_bit_mlp:  # no copy of the MLP: its fp32 absmax, one a block, once undone from 8 bits
                 per_layer -= size(*mlp)
                 decoder = arch.num_hidden_layers * size(*mlp) // BLOCKSIZE_4BIT * 4
-        else:  # grpo/rollout/static_layers.py: q/k/v concatenated; MLP adapters always merged, gate with up
-            merged_o = merge_lora and "o_proj" in lora_targets
+        else:  # grpo/rollout/static_layers.py: q/k/v concatenated; MLP adapters always merged, gate with up;
+            # a kept 4-bit base's adapter layers de-quantised for the decoder, merged or not
+            merged_o = (merge_lora or quantised) and "o_proj" in lora_targets
             per_layer = size("q_proj", "k_proj", "v_proj") + (size("o_proj") if merged_o else 0)
             per_layer += size("gate_proj", "up_proj") if {"gate_proj", "up_proj"} & set(lora_targets) else 0
             per_layer += size("down_proj") if "down_proj" in lora_targets else 0
@@ -324,9 +329,13 @@ def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens
     dense_bytes = arch.linear_params * DTYPE_BYTES[compute_dtype]
     # generate's cached dense copy of the 4-bit base (train.dense_generation); the static decoder frees its own
     generation_copy = quantised and p.dense_generation and not static
+    # train.dense_training: the copy of the 4-bit layers without an adapter, kept for the run (grpo/model/dequant.py)
+    kept_base = quantised and p.dense_training and not generation_copy
+    kept_bytes = arch.num_hidden_layers * DTYPE_BYTES[compute_dtype] * sum(
+        a * b for name, (a, b) in arch.linear_shapes().items() if name not in p.lora.targets)
     resident = [
         ("base_weights", weight_bytes(arch, compute_dtype, quantised)),
-        ("dense_copy", dense_bytes if generation_copy else 0),
+        ("dense_copy", dense_bytes if generation_copy else kept_bytes if kept_base else 0),
         ("lora_and_optimizer", lora_params(arch, p.lora.r, p.lora.targets) * LORA_TRAIN_BYTES),
         ("runtime", CUDA_RUNTIME_BYTES if cuda else 0),
     ]
@@ -335,12 +344,9 @@ def plan_memory(arch: Arch, p: TrainParams, *, compute_dtype: str, prompt_tokens
         arch, p.generation_batch_size, budget if cuda else None, sum(v for _, v in resident), dtype=compute_dtype,
         quantised=quantised, prompt_tokens=prompt_tokens, new_tokens=new_tokens, static_decoder=static,
         lora_targets=tuple(p.lora.targets), merge_lora=p.generation_merge_lora,
-        read_4bit_mlp=p.generation_mlp_4bit,
+        read_4bit_mlp=p.generation_mlp_4bit, kept_base=kept_base,
         top_p=p.top_p, top_k=p.top_k)
     training = plan_training(arch, p, dtype=compute_dtype, prompt_tokens=prompt_tokens, cuda=cuda)
-    # train.dense_training: the step's own dense copy while it trains (freed before the next rollouts), unless
-    # generation keeps one between steps (counted above)
-    training["dense_training_copy"] = dense_bytes if quantised and p.dense_training and not generation_copy else 0
     return (
         Phase("train", "generation", tuple(resident + list(generation.items())), "train.generation_batch_size",
               "train.max_response_length", in_flight, new_tokens, capped_from(p.generation_batch_size, in_flight)),

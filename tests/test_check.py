@@ -74,18 +74,28 @@ def test_cuda_plan_has_the_static_decoder_and_the_fused_logprob_kernel():
     assert hf["training"].row("logprob_logits") == 3 * 60 * 1000 * 4
 
 
-def test_dense_training_counts_a_copy_while_training_unless_generation_keeps_one():
-    """train.dense_training: the step's own dense copy (73728 linear weights * 2 bytes) in the training
-    phase only; on a CPU with dense_generation the cached copy is reused and counted once."""
+def test_dense_training_keeps_a_copy_of_the_layers_without_an_adapter():
+    """train.dense_training: a copy of the 4-bit layers no adapter wraps (k, o, gate, up, down: 30720 weights a
+    layer, 2 layers, 2 bytes), kept for the run, so resident in both phases; the static decoder reads it and
+    copies only q/k/v (concatenated: 8192 a layer, k's a second time) and the adapter layers; on a CPU with
+    dense_generation the cached copy of every layer is reused and counted once."""
     dense = dataclasses.replace(PARAMS, dense_training=True)
     cpu, gpu = train_plan(dense), train_plan(dense, cuda=True)
-    assert cpu["training"].row("dense_training_copy") == 0 and cpu["training"].row("dense_copy") == 73728 * 2
+    assert cpu["training"].row("dense_copy") == cpu["generation"].row("dense_copy") == 73728 * 2
     assert cpu["training"].peak == train_plan()["training"].peak
-    assert gpu["training"].row("dense_training_copy") == 73728 * 2  # the static decoder frees its own copies
-    assert gpu["training"].peak == train_plan(cuda=True)["training"].peak + 73728 * 2
-    assert gpu["generation"].peak == train_plan(cuda=True)["generation"].peak
+    kept = 61440 * 2
+    assert gpu["training"].row("dense_copy") == gpu["generation"].row("dense_copy") == kept
+    assert gpu["generation"].row("decoder_copy") == 2 * 8192 * 2
+    assert gpu["training"].peak == train_plan(cuda=True)["training"].peak + kept
+    assert gpu["generation"].peak == train_plan(cuda=True)["generation"].peak + 2 * 2048 * 2  # k's copy twice
+    four_bit_mlp = train_plan(dataclasses.replace(dense, generation_mlp_4bit=True), cuda=True)
+    assert four_bit_mlp["generation"].rows == gpu["generation"].rows  # the decoder reads the kept copy instead
+    merged_o = train_plan(dataclasses.replace(dense, lora=LoraParams(r=4, targets=["q_proj", "o_proj"])), cuda=True)
+    # o's adapter: o is de-quantised and merged for the decoder, and v joins the kept layers
+    assert merged_o["generation"].row("decoder_copy") == 2 * (8192 + 4096) * 2
+    assert merged_o["training"].row("dense_copy") == 2 * (36864 - 4096 - 4096) * 2
     no_cache = train_plan(dataclasses.replace(dense, dense_generation=False))
-    assert no_cache["training"].row("dense_training_copy") == 73728 * 2
+    assert no_cache["training"].row("dense_copy") == no_cache["generation"].row("dense_copy") == kept
 
 
 def r1_preset_plan(micro_batch: int, prompt_tokens: int, **train) -> list[Phase]:

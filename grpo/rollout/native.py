@@ -62,7 +62,8 @@ class NativeEngine:
     buckets); by default one is built over ``model`` on first use."""
 
     def __init__(self, model, tokenizer, *, batch_size: int, backend: str = "auto", merge_lora: bool = True,
-                 read_4bit_mlp: bool = False, release_dense: bool = True, size: AdaptiveBatchSize | None = None,
+                 read_4bit_mlp: bool = False, keep_dense: bool = False, release_dense: bool = True,
+                 size: AdaptiveBatchSize | None = None,
                  fault_hook: FaultHook | None = None, max_slots_for: Callable[[int, SamplingParams], int] | None = None,
                  decoder: StaticDecoder | None = None) -> None:
         if batch_size < 1:
@@ -77,7 +78,8 @@ class NativeEngine:
         # release_dense: the static decoder frees its dense weight copies after each generate() call,
         # so training does not carry them (measured in bench/RESULTS.md, GPU section)
         self.backend, self.merge_lora, self.release_dense = backend, merge_lora, release_dense
-        self.read_4bit_mlp = read_4bit_mlp  # the static decoder's (grpo/rollout/static_layers.py)
+        # the static decoder's (grpo/rollout/static_layers.py); keep_dense: train.dense_training's kept copies
+        self.read_4bit_mlp, self.keep_dense = read_4bit_mlp, keep_dense
         self._decoder: StaticDecoder | None = decoder
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None))
@@ -213,7 +215,8 @@ class NativeEngine:
         if not use:
             return None
         if self._decoder is None or self._decoder.model is not self.model:
-            self._decoder = StaticDecoder(self.model, merge_lora=self.merge_lora, read_4bit_mlp=self.read_4bit_mlp)
+            self._decoder = StaticDecoder(self.model, merge_lora=self.merge_lora, read_4bit_mlp=self.read_4bit_mlp,
+                                          keep_dense=self.keep_dense)
         else:
             self._decoder.refresh()  # the policy's LoRA weights changed since the last call
         return self._decoder

@@ -89,7 +89,9 @@ def supports(model: torch.nn.Module) -> str | None:
 class StaticDecoder:
     """Prefill plus graph-replayed decode over the weights of ``model`` (dense copies where the base is
     4-bit, merged copies of LoRA layers when ``merge_lora``; with ``read_4bit_mlp``, where Triton runs, a
-    4-bit MLP without LoRA is read in 4 bits instead of copied). Call ``refresh()`` after LoRA changes.
+    4-bit MLP without LoRA is read in 4 bits instead of copied; with ``keep_dense``, the 4-bit layers no adapter
+    wraps are read from dense copies kept on the model, which ``release`` leaves for training to read,
+    ``train.dense_training``). Call ``refresh()`` after LoRA changes.
 
     On CUDA (``compile``) the parts of each layer around its attention, and the sampler, are compiled
     by torch.compile so that the elementwise work fuses into a few kernels, and (``fused_attention``,
@@ -100,6 +102,7 @@ class StaticDecoder:
     temperature sample another (grpo/kernels/keyed_sample.py)."""
 
     def __init__(self, model: torch.nn.Module, *, merge_lora: bool = True, read_4bit_mlp: bool = False,
+                 keep_dense: bool = False,
                  cuda_graphs: bool | None = None, compile: bool | None = None, fused_attention: bool | None = None,
                  triton_kernels: bool | None = None, bucket: int = CACHE_BUCKET, sync_every: int = 32) -> None:
         reason = supports(model)
@@ -124,10 +127,12 @@ class StaticDecoder:
         linear = decode_linear_op if self.triton_kernels else F.linear
         self._part1, self._part2, self._project = (compiled(partial(f, linear=linear), self.compile) for f in
                                                    (qkv_projection, output_and_mlp, output_projection))
-        self.read_4bit_mlp = read_4bit_mlp and bool(self._quantised) and triton_runs(self.device)
+        self.keep_dense = keep_dense and bool(self._quantised)
+        self.read_4bit_mlp = (read_4bit_mlp and bool(self._quantised) and triton_runs(self.device)
+                              and not self.keep_dense)
         if read_4bit_mlp and not self.read_4bit_mlp:
             log.warning("generation_mlp_4bit: the 4-bit MLP kernels need a 4-bit base and Triton on an Ampere "
-                        "or newer GPU; decoding from a dense copy instead")
+                        "or newer GPU, and no kept dense copy (train.dense_training); decoding from a dense copy")
         # a step's edges, compiled too: in eager they were ~40 one-off kernels a step (embedding, RoPE
         # tables, the final norm, the sampler's bookkeeping), each a launch slot inside the graph (on an
         # H100: 271 -> 250 kernels, 2.51 -> 2.46 ms a step at 64 sequences, bench/RESULTS.md)
@@ -154,13 +159,15 @@ class StaticDecoder:
         unmerged LoRA. Tensors are rebuilt, so graphs captured before are stale (generate recaptures)."""
         with torch.profiler.record_function("grpo/decoder.refresh"):  # a sub-phase in a `grpo.profile` trace
             self.weights = [layer_weights(layer, self._quantised, self.dtype, self.merge_lora, self.read_4bit_mlp,
-                                          self.triton_kernels) for layer in self.body.layers]
+                                          self.triton_kernels, self.keep_dense) for layer in self.body.layers]
 
     def release(self) -> None:
         """Free the dense and merged weight copies until the next ``refresh`` (re-de-quantising a
-        4-bit base costs milliseconds; keeping the copy costs its memory during training)."""
+        4-bit base costs milliseconds; keeping the copy costs its memory during training), except the
+        copies kept on the model with ``keep_dense``."""
         self.weights = []
-        drop_dense_copies(self.model)
+        if not self.keep_dense:
+            drop_dense_copies(self.model)
 
     # --- the forward pass ------------------------------------------------------------------
     def _forward(self, ids: Tensor, positions: Tensor, attention: Callable[..., Tensor], eager: bool = False

@@ -21,8 +21,10 @@ cuBLAS's (``F.linear``).
 Weights: every linear layer runs as a dense matmul in the compute dtype, except a 4-bit MLP read in 4
 bits (``read_4bit_mlp``: a decode step reads 3.5x fewer bytes of it, and no copy is made). A
 bitsandbytes 4-bit base is otherwise de-quantised into copies held by the decoder alone (freed by
-``StaticDecoder.release``); q/k/v run as one concatenated matmul, and the MLP's gate and up as one
-wherever a copy is made anyway. LoRA layers are either folded into those copies (``merge=True``: the copy
+``StaticDecoder.release``), or, with ``keep`` (``train.dense_training``), the layers no adapter wraps are read
+from the copies kept on the model for the run, which training reads too (grpo/model/dequant.py); q/k/v run
+as one concatenated matmul, and the MLP's gate and up as one wherever a copy is made anyway (a kept pair as
+one copy, ``joined_dense``). LoRA layers are either folded into those copies (``merge=True``: the copy
 exists anyway, so merging costs no memory beyond the LoRA-targeted layers) or applied unmerged as two
 extra small matmuls per projection group; an MLP with LoRA is always copied and merged.
 """
@@ -38,7 +40,7 @@ from torch import Tensor
 from grpo.kernels.decode_linear import down_projection
 from grpo.kernels.matmul_4bit import Weight4bit, matmul_4bit, reference_mlp, swiglu_4bit
 from grpo.kernels.swiglu_dense import block_k_divides, swiglu_dense
-from grpo.model.dequant import dequantized
+from grpo.model.dequant import dense_weight, dequantized, joined_dense
 from grpo.model.lora import LoRALinear
 
 
@@ -46,11 +48,12 @@ def _base(module: torch.nn.Module) -> torch.nn.Module:
     return module.base if isinstance(module, LoRALinear) else module
 
 
-def _dense(module: torch.nn.Module, quantised: set[int], dtype: torch.dtype) -> Tensor:
-    """The frozen base weight of a linear layer in the compute dtype (4-bit: a new de-quantised copy)."""
+def _dense(module: torch.nn.Module, quantised: set[int], dtype: torch.dtype, keep: bool = False) -> Tensor:
+    """The frozen base weight of a linear layer in the compute dtype (4-bit: a new de-quantised copy, or with
+    ``keep`` and no adapter the copy kept on the layer)."""
     base = _base(module)
     if id(base) in quantised:
-        return dequantized(base)
+        return dense_weight(base) if keep and not _lora_on(module) else dequantized(base)
     return base.weight if base.weight.dtype == dtype else base.weight.to(dtype)
 
 
@@ -213,20 +216,21 @@ def mlp_4bit(mlp: torch.nn.Module, quantised: set[int]) -> Mlp4bit | None:
 
 @torch.no_grad()
 def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, merge: bool,
-                  read_4bit_mlp: bool = False, triton_kernels: bool = False) -> tuple[tuple, tuple]:
+                  read_4bit_mlp: bool = False, triton_kernels: bool = False, keep: bool = False) -> tuple[tuple, tuple]:
     """The weight tuples of ``qkv_projection`` (with ``heads``' norms) and of ``output_and_mlp`` (or of
     ``output_projection`` followed by an MLP object: an ``Mlp4bit`` with ``read_4bit_mlp`` where ``mlp_4bit``
     can read it, else a ``DenseMlp`` with ``triton_kernels`` where gate and up are one copy) for one decoder layer,
-    built from its live modules (``quantised``: ids of the 4-bit linear layers; ``merge``: fold LoRA in)."""
+    built from its live modules (``quantised``: ids of the 4-bit linear layers; ``merge``: fold LoRA in;
+    ``keep``: read the 4-bit layers no adapter wraps from the copies kept on them, ``_dense``)."""
     at, mlp = layer.self_attn, layer.mlp
     qkv = [at.q_proj, at.k_proj, at.v_proj]
 
     def merged(m):  # LoRA folded into a copy of the layer's dense weight
-        w = _dense(m, quantised, dt)
+        w = _dense(m, quantised, dt, keep)
         return (w.float() + m.delta_weight().to(w.device)).to(dt) if _lora_on(m) else w
 
     def dense(m):
-        return merged(m) if merge else _dense(m, quantised, dt)
+        return merged(m) if merge else _dense(m, quantised, dt, keep)
 
     qkv_w = torch.cat([dense(m) for m in qkv])
     biases = [_bias(m, dt) for m in qkv]
@@ -246,7 +250,9 @@ def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, 
     # the MLP has no unmerged LoRA path: its adapters are always folded in
     gate_up = (mlp.gate_proj, mlp.up_proj)
     copied = any(id(_base(m)) in quantised or _lora_on(m) for m in gate_up)
-    gate_up_w = (torch.cat([merged(m) for m in gate_up]),) if copied else tuple(merged(m) for m in gate_up)
+    kept = keep and all(id(_base(m)) in quantised and not _lora_on(m) for m in gate_up)
+    gate_up_w = ((joined_dense([_base(m) for m in gate_up]),) if kept else
+                 (torch.cat([merged(m) for m in gate_up]),) if copied else tuple(merged(m) for m in gate_up))
     if triton_kernels and copied and block_k_divides(gate_up_w[0].shape[1]):
         return part1, (*attention_out, DenseMlp(gate_up_w[0], merged(mlp.down_proj)))
     return part1, (*attention_out, gate_up_w, merged(mlp.down_proj))

@@ -62,7 +62,7 @@ class TrainerParts:
     rewards: dict[str, RewardFn]  # the functions of params.rewards, by name (weights stay in params)
     token_logprobs: LogprobFn
     # the weights a step's scoring and training passes run on: `with parts.training_base():` (the 4-bit
-    # kernels, or with train.dense_training a dense copy made for the step; compiled with compile_layers)
+    # kernels, or with train.dense_training the adapter-free layers' kept copy; compiled with compile_layers)
     training_base: Callable[[], AbstractContextManager[int]]
 
 
@@ -123,7 +123,7 @@ def choose_logprobs(params: TrainParams, model: torch.nn.Module) -> LogprobFn:
 @contextmanager
 def training_base(model: torch.nn.Module, params: TrainParams) -> Iterator[int]:
     """The weights and code a step's scoring and training passes run on: the 4-bit layers or, with
-    train.dense_training, a dense copy made for the step; with train.compile_layers, compiled layers; with
+    train.dense_training, the adapter-free layers from their kept copy; with train.compile_layers, compiled layers; with
     train.lora_tf32, the LoRA branch's matmuls in TF32. Yields how many 4-bit layers run densely."""
     with dense_for_training(model, params.dense_training) as switched, compiled_layers(model, params.compile_layers), \
             lora_tf32(params.lora_tf32):
@@ -171,7 +171,7 @@ def build_parts(params: TrainParams, style: PromptStyle, base_model: Path, live:
     hook = FaultHook()
     engine = NativeEngine(model, tokenizer, batch_size=params.generation_batch_size, backend=params.generation_backend,
                           merge_lora=params.generation_merge_lora, read_4bit_mlp=params.generation_mlp_4bit,
-                          size=sizes["generate"], fault_hook=hook)
+                          keep_dense=params.dense_training, size=sizes["generate"], fault_hook=hook)
     return TrainerParts(tracker, device, tokenizer, model, lora, lora_params, optimizer, scheduler, sampler, schedule,
                         sizes, hook, PolicyEngine(engine, params.dense_generation),
                         {name: reward_functions[name] for name in params.rewards}, choose_logprobs(params, model),

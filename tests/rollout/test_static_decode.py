@@ -28,7 +28,7 @@ MAX_NEW = 10
 
 
 def test_every_test_again_with_the_triton_attention():
-    run_under_interpreter(__file__, passed=16)
+    run_under_interpreter(__file__, passed=17)
 
 
 def test_the_attention_is_triton_exactly_where_triton_runs(model):
@@ -168,6 +168,34 @@ def test_nf4_base_uses_the_dense_copy_and_frees_it(tiny_model_dir, tokenizer, pr
     assert _ids(fast, prompts, params) == hf
     kept = NativeEngine(model, tokenizer, batch_size=3, backend="static", release_dense=False)
     assert _ids(kept, prompts, params) == hf and kept._decoder.weights
+
+
+def test_kept_dense_copies_are_read_and_outlive_the_call(tiny_model_dir, tokenizer, prompts):
+    """``keep_dense`` (train.dense_training): the decoder reads the copies of the 4-bit layers no adapter wraps
+    from the model (gate and up as one joined copy) and leaves them there after the call, for training; its
+    tokens are generate's, also after the adapter changes (the refresh merges the new LoRA over the same kept
+    copies, none made again)."""
+    from grpo.model.dequant import adapter_free, linear4bit_modules
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # on a GPU: compiled and captured, as in training
+    model = _with_lora(load_policy_model(tiny_model_dir, quantization="nf4", compute_dtype="float32", device=device,
+                                         gradient_checkpointing=False), targets=("q_proj", "v_proj", "o_proj"))
+    params = SamplingParams(temperature=0, max_new_tokens=MAX_NEW)
+    fast = NativeEngine(model, tokenizer, batch_size=3, backend="static", keep_dense=True)
+    before = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    assert _ids(fast, prompts, params) == before
+    free = adapter_free(model)
+    assert free and all(hasattr(m, "_dense_weight") == (m in free) for m in linear4bit_modules(model))
+    assert fast._decoder.weights == []  # the decoder's own copies (q/k/v, the merged o) are released
+    mlp = model.model.layers[0].mlp
+    assert mlp.gate_proj._dense_weight._base is mlp.up_proj._dense_weight._base is not None
+    kept = [m._dense_weight for m in free]
+    for m in lora_modules(model).values():
+        with torch.no_grad():
+            m.lora_B.mul_(-1)
+    hf = _ids(NativeEngine(model, tokenizer, batch_size=3, backend="hf"), prompts, params)
+    assert hf != before and _ids(fast, prompts, params) == hf
+    assert all(m._dense_weight is k for m, k in zip(free, kept))
 
 
 def test_a_4bit_mlp_read_in_4_bits_decodes_what_generate_does(tiny_model_dir, tokenizer, prompts, caplog):

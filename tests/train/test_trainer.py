@@ -127,8 +127,8 @@ def test_dense_training_in_compiled_checkpointed_layers_takes_the_4bit_step(tmp_
     checkpointed training forward), compiled layers and a dense copy. The copy must exist before that forward:
     made inside it, the compiled layer's backward recomputed along another branch and torch.utils.checkpoint
     rejected the step (an H100 run failed so). Both steps take the eager 4-bit run's gradient norm, entropy and
-    ratio, and no copy outlives the last step's training."""
-    from grpo.model.dequant import linear4bit_modules
+    ratio; the copies are those of the layers without an adapter, kept for the run."""
+    from grpo.model.dequant import adapter_free, linear4bit_modules
 
     preset = {"max_steps": 2, "val_every": 10, "dense_generation": False, "beta": 0.0, "num_iterations": 1,
               "gradient_checkpointing": True}
@@ -139,15 +139,16 @@ def test_dense_training_in_compiled_checkpointed_layers_takes_the_4bit_step(tmp_
         assert got["reward_mean"] == expected["reward_mean"], step
         for key in ("grad_norm", "entropy_mean", "ratio_mean"):
             assert got[key] == pytest.approx(expected[key], rel=1e-4, abs=1e-6), (step, key)
-    assert all(getattr(m, "_dense_weight", None) is None for m in linear4bit_modules(trainer.model))
+    free = adapter_free(trainer.model)
+    assert free and all(hasattr(m, "_dense_weight") == (m in free) for m in linear4bit_modules(trainer.model))
 
 
 def test_dense_training_takes_the_4bit_step(tmp_path, tiny_model_dir):
     """train.dense_training runs the scoring pass (β > 0: the reference under lora_disabled; μ = 2: old
     log-probs) and the updates on a dense copy of the 4-bit base: the first step, on the same rollouts,
     has the 4-bit path's KL, entropy, ratio and gradient norm; generation decodes with HF generate and no cached
-    copy (dense_generation off), so the step's copies are freed again after training."""
-    from grpo.model.dequant import linear4bit_modules
+    copy (dense_generation off), so only the layers without an adapter have a copy, kept after training."""
+    from grpo.model.dequant import adapter_free, linear4bit_modules
 
     one = {"max_steps": 1, "val_every": 10, "dense_generation": False}
     quantised = run(tmp_path, tiny_model_dir, params(**one), "nf4").history[0]
@@ -156,5 +157,5 @@ def test_dense_training_takes_the_4bit_step(tmp_path, tiny_model_dir):
     assert dense["reward_mean"] == quantised["reward_mean"]  # the same rollouts
     for key in ("kl_mean", "grad_norm", "entropy_mean", "ratio_mean"):
         assert dense[key] == pytest.approx(quantised[key], rel=1e-4, abs=1e-6), key
-    layers = linear4bit_modules(trainer.model)
-    assert layers and all(getattr(m, "_dense_weight", None) is None for m in layers)
+    free = adapter_free(trainer.model)
+    assert free and all(hasattr(m, "_dense_weight") == (m in free) for m in linear4bit_modules(trainer.model))
