@@ -131,8 +131,8 @@ class StaticDecoder:
         self.read_4bit_mlp = (read_4bit_mlp and bool(self._quantised) and triton_runs(self.device)
                               and not self.keep_dense)
         if read_4bit_mlp and not self.read_4bit_mlp:
-            log.warning("generation_mlp_4bit: the 4-bit MLP kernels need a 4-bit base and Triton on an Ampere "
-                        "or newer GPU, and no kept dense copy (train.dense_training); decoding from a dense copy")
+            log.warning("generation_mlp_4bit: the 4-bit MLP kernels need a 4-bit base, Triton on an Ampere or "
+                        "newer GPU and no kept dense copy (train.dense_training); decoding from a dense copy instead")
         # a step's edges, compiled too: in eager they were ~40 one-off kernels a step (embedding, RoPE
         # tables, the final norm, the sampler's bookkeeping), each a launch slot inside the graph (on an
         # H100: 271 -> 250 kernels, 2.51 -> 2.46 ms a step at 64 sequences, bench/RESULTS.md)
