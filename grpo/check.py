@@ -54,7 +54,8 @@ COLUMNS = (  # (header, the plan rows it shows)
 )
 LEGEND = ("weights: the base; lora: LoRA + gradients + AdamW (train; with several processes also the gradient "
           "all-reduce buffer) or the loaded adapter; dense: a dense copy of a 4-bit base (generate's cached one, "
-          "or train.dense_training's of the layers without an adapter, kept for the run); decoder: the static decoder's weight copies; kv: KV cache of "
+          "or train.dense_training's of the layers without an adapter, kept for the run); decoder: the static "
+          "decoder's weight copies; kv: KV cache of "
           "every sequence; step: one decode step's logits, sampling and attention; prefill: the prompt pass; "
           "activ: a training micro-batch's activations; logits: the log-prob chunk; runtime: CUDA allowance; "
           "seqs a/b: the engine decodes a of the b sequences the knob asks for at once, all that fit the budget")

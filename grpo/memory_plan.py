@@ -8,9 +8,10 @@ stage's params onto them:
 - generation (``plan_generation``, shared by sent, the train rollouts and validation, evaluate and
   ``grpo.infer``): on CUDA the static decoder (grpo/rollout/static_decode.py) holds ``decoder_copy`` while
   it generates: a dense copy of 4-bit linear weights (once: q/k/v and the MLP's gate/up are de-quantised
-  into their concatenations; with ``train.generation_mlp_4bit`` the MLP is read in 4 bits and not copied),
-  or of an unquantised base the concatenated q/k/v and the layers whose LoRA it merges. Each of the
-  ``sequences`` concurrent sequences (the decoder's slots) has a KV cache of prompt + new tokens, rounded
+  into their concatenations; with ``train.generation_mlp_4bit`` the MLP is read in 4 bits and not copied; with
+  ``train.dense_training`` the layers without an adapter are read from the copy kept for the run, counted
+  resident as ``dense_copy``), or of an unquantised base the concatenated q/k/v and the layers whose LoRA it
+  merges. Each of the ``sequences`` concurrent sequences (the decoder's slots) has a KV cache of prompt + new tokens, rounded
   up to the cache bucket; ``decode_step`` is one decode step's logits and sampling buffers (attention
   scores over the cache only where the Triton decode-attention kernel cannot take the head layout: it
   keeps them in registers, and leaves only the fp32 outputs of a long cache's shares); ``prefill`` is the
@@ -204,8 +205,8 @@ def plan_generation(arch: Arch, *, dtype: str, quantised: bool, sequences: int, 
             return sum(shapes[n][0] * shapes[n][1] for n in names)
 
         mlp = ("gate_proj", "up_proj", "down_proj")
-        # as the decoder reads
-        four_bit_mlp = read_4bit_mlp and quantised and not kept_base and not set(mlp) & set(lora_targets)
+        four_bit_mlp = (read_4bit_mlp and quantised and not kept_base  # as the decoder reads
+                        and not set(mlp) & set(lora_targets))
         # a 4-bit MLP read in 4 bits is de-quantised one layer at a time while a prompt is prefilled
         prefill_copy = size(*mlp) * dt if four_bit_mlp else 0
         if quantised and not kept_base:  # every layer de-quantised once, LoRA merged into those copies

@@ -76,7 +76,7 @@ class NativeEngine:
         self.max_slots_for = max_slots_for
         self.model = model
         # release_dense: the static decoder frees its dense weight copies after each generate() call,
-        # so training does not carry them (measured in bench/RESULTS.md, GPU section)
+        # so training does not carry them (measured in bench/RESULTS.md, GPU section), keep_dense's aside
         self.backend, self.merge_lora, self.release_dense = backend, merge_lora, release_dense
         # the static decoder's (grpo/rollout/static_layers.py); keep_dense: train.dense_training's kept copies
         self.read_4bit_mlp, self.keep_dense = read_4bit_mlp, keep_dense
