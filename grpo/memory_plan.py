@@ -6,18 +6,18 @@ allowance on CUDA) plus the phase's own. Two kinds of phase exist, and grpo/stag
 stage's params onto them:
 
 - generation (``plan_generation``, shared by sent, the train rollouts and validation, evaluate and
-  ``grpo.infer``): on CUDA the static decoder (grpo/rollout/static_decode.py) holds ``decoder_copy`` while
-  it generates: a dense copy of 4-bit linear weights (once: q/k/v and the MLP's gate/up are de-quantised
-  into their concatenations; with ``train.generation_mlp_4bit`` the MLP is read in 4 bits and not copied; with
-  ``train.dense_training`` the layers without an adapter are read from the copy kept for the run, counted
-  resident as ``dense_copy``), or of an unquantised base the concatenated q/k/v and the layers whose LoRA it
-  merges. Each of the ``sequences`` concurrent sequences (the decoder's slots) has a KV cache of prompt + new tokens, rounded
-  up to the cache bucket; ``decode_step`` is one decode step's logits and sampling buffers (attention
-  scores over the cache only where the Triton decode-attention kernel cannot take the head layout: it
-  keeps them in registers, and leaves only the fp32 outputs of a long cache's shares); ``prefill`` is the
-  prompt pass (the MLP's three intermediates and fp32 attention scores over the prompt, for every prompt
-  token of the ``prefill_rows`` prompts it admits at once). HF ``generate`` (off CUDA, or
-  ``generation_backend: hf``) has no decoder copy, an exact-length cache and memory-efficient attention.
+  ``grpo.infer``): on CUDA the static decoder (grpo/rollout/static_decode.py) holds ``decoder_copy`` while it
+  generates: a dense copy of 4-bit linear weights (once: q/k/v and the MLP's gate/up are de-quantised into their
+  concatenations; with ``train.generation_mlp_4bit`` the MLP is read in 4 bits and not copied; with
+  ``train.dense_training`` the layers without an adapter are read from the copy kept for the run, counted resident
+  as ``dense_copy``), or of an unquantised base the concatenated q/k/v and the layers whose LoRA it merges. Each
+  of the ``sequences`` concurrent sequences (the decoder's slots) has a KV cache of prompt + new tokens, rounded
+  up to the cache bucket; ``decode_step`` is one decode step's logits and sampling buffers (attention scores over
+  the cache only where the Triton decode-attention kernel cannot take the head layout: it keeps them in registers,
+  and leaves only the fp32 outputs of a long cache's shares); ``prefill`` is the prompt pass (the MLP's three
+  intermediates and fp32 attention scores over the prompt, for every prompt token of the ``prefill_rows`` prompts
+  it admits at once). HF ``generate`` (off CUDA, or ``generation_backend: hf``) has no decoder copy, an
+  exact-length cache and memory-efficient attention.
 - training (``plan_training``): one micro-batch of ``train_batch_size`` sequences: with gradient
   checkpointing each layer's input is kept and one layer's activations are live at a time (without
   it, every layer's saved set, ``saved_per_token``, is kept until backward); log-probs come from
