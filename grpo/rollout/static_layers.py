@@ -48,12 +48,19 @@ def _base(module: torch.nn.Module) -> torch.nn.Module:
     return module.base if isinstance(module, LoRALinear) else module
 
 
+def _kept(module: torch.nn.Module, quantised: set[int], keep: bool) -> bool:
+    """Is the layer read from the dense copy kept on it (``keep``: a 4-bit layer no adapter wraps)?"""
+    return keep and id(_base(module)) in quantised and not _lora_on(module)
+
+
 def _dense(module: torch.nn.Module, quantised: set[int], dtype: torch.dtype, keep: bool = False) -> Tensor:
-    """The frozen base weight of a linear layer in the compute dtype (4-bit: a new de-quantised copy, or with
-    ``keep`` and no adapter the copy kept on the layer)."""
+    """The frozen base weight of a linear layer in the compute dtype (4-bit: a new de-quantised copy, or the
+    copy kept on it, ``_kept``)."""
     base = _base(module)
+    if _kept(module, quantised, keep):
+        return dense_weight(base)
     if id(base) in quantised:
-        return dense_weight(base) if keep and not _lora_on(module) else dequantized(base)
+        return dequantized(base)
     return base.weight if base.weight.dtype == dtype else base.weight.to(dtype)
 
 
@@ -250,7 +257,7 @@ def layer_weights(layer: torch.nn.Module, quantised: set[int], dt: torch.dtype, 
     # the MLP has no unmerged LoRA path: its adapters are always folded in
     gate_up = (mlp.gate_proj, mlp.up_proj)
     copied = any(id(_base(m)) in quantised or _lora_on(m) for m in gate_up)
-    kept = keep and all(id(_base(m)) in quantised and not _lora_on(m) for m in gate_up)
+    kept = all(_kept(m, quantised, keep) for m in gate_up)
     gate_up_w = ((joined_dense([_base(m) for m in gate_up]),) if kept else
                  (torch.cat([merged(m) for m in gate_up]),) if copied else tuple(merged(m) for m in gate_up))
     if triton_kernels and copied and block_k_divides(gate_up_w[0].shape[1]):
