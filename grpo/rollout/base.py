@@ -106,14 +106,32 @@ def encode_prompts(tokenizer, prompts: list[str]) -> list[list[int]]:
     return [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
 
 
-def make_completion(tokenizer, prompt_ids: list[int], sampled: list[int], stop_ids: list[int]) -> Completion:
-    """Cut ``sampled`` after its first stop id (kept) and decode it."""
+def make_completions(tokenizer, prompt_ids: list[list[int]], samples: list[list[list[int]]],
+                     stop_ids: list[int]) -> list[list[Completion]]:
+    """Each prompt's completions: its samples cut after their first stop id (kept) and decoded."""
     stops = set(stop_ids)
-    end = next((i for i, t in enumerate(sampled) if t in stops), None)
-    token_ids = list(sampled) if end is None else list(sampled[: end + 1])
-    return Completion(
-        prompt_ids=list(prompt_ids),
-        token_ids=token_ids,
-        text=tokenizer.decode(token_ids, skip_special_tokens=True),
-        finish_reason="length" if end is None else "stop",
-    )
+
+    def cut(sampled: list[int]) -> list[int]:
+        end = next((i for i, t in enumerate(sampled) if t in stops), len(sampled) - 1)
+        return list(sampled[: end + 1])
+
+    token_ids = [[cut(sampled) for sampled in group] for group in samples]
+    texts = iter(decode_texts(tokenizer, [ids for group in token_ids for ids in group]))
+    # a cut sample ends with a stop id exactly when the model stopped
+    return [[Completion(prompt_ids=list(prompt), token_ids=ids, text=next(texts),
+                        finish_reason="stop" if ids and ids[-1] in stops else "length") for ids in group]
+            for prompt, group in zip(prompt_ids, token_ids)]
+
+
+def decode_texts(tokenizer, sequences: list[list[int]]) -> list[str]:
+    """``tokenizer.decode(ids, skip_special_tokens=True)`` of every sequence.
+
+    transformers decodes a batch one sequence at a time in Python (~16-19 ms for a step's 64 × 768
+    tokens on 2 cores); a Rust-backed tokenizer that neither overrides decoding nor cleans up spaces
+    gives the same strings from one call to its backend, which spreads the sequences over the cores."""
+    from transformers import TokenizersBackend
+
+    if (type(tokenizer)._decode is not TokenizersBackend._decode
+            or getattr(tokenizer, "clean_up_tokenization_spaces", True)):
+        return [tokenizer.decode(ids, skip_special_tokens=True) for ids in sequences]
+    return tokenizer.backend_tokenizer.decode_batch(sequences, skip_special_tokens=True)

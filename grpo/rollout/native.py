@@ -36,7 +36,7 @@ from transformers import LogitsProcessor, LogitsProcessorList
 
 from grpo.model.loading import disable_cpu_weight_repacking, load_policy_model, load_tokenizer
 from grpo.model.lora import lora_modules
-from grpo.rollout.base import (GENERATION_BACKENDS, Completion, SamplingParams, encode_prompts, make_completion,
+from grpo.rollout.base import (GENERATION_BACKENDS, Completion, SamplingParams, encode_prompts, make_completions,
                                stop_token_ids)
 from grpo.rollout.budget import slots_for_model
 from grpo.rollout.sampling import keyed_scores, row_keys, vocab_offsets
@@ -143,8 +143,9 @@ class NativeEngine:
             if decoder is not None and self.release_dense:
                 decoder.release()
         with torch.profiler.record_function("grpo/engine.detokenize"):  # a sub-phase in a `grpo.profile` trace
-            return [[make_completion(self.tokenizer, ids, done[i * n + j], self.stop_ids) for j in range(n)]
-                    for i, ids in enumerate(prompt_ids)]
+            return make_completions(self.tokenizer, prompt_ids,
+                                    [[done[i * n + j] for j in range(n)] for i in range(len(prompt_ids))],
+                                    self.stop_ids)
 
     def _generate_rows(self, rows: list[list[int]], keys: torch.Tensor, params: SamplingParams,
                        decoder: StaticDecoder | None, advance: Callable[[], object]) -> dict[int, list[int]]:

@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoTokenizer, GenerationConfig
 
-from grpo.rollout.base import Completion, SamplingParams, encode_prompts, make_completion, stop_token_ids
+from grpo.rollout.base import Completion, SamplingParams, encode_prompts, make_completions, stop_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -98,10 +98,8 @@ class VLLMEngine:
             use_tqdm=_progress_bar if progress else False,
             lora_request=self._lora_request(adapter_dir),
         )
-        return [
-            [make_completion(self.tokenizer, ids, list(sample.token_ids), self.stop_ids) for sample in out.outputs]
-            for ids, out in zip(prompt_ids, outputs)
-        ]
+        return make_completions(self.tokenizer, prompt_ids,
+                                [[list(sample.token_ids) for sample in out.outputs] for out in outputs], self.stop_ids)
 
     def close(self) -> None:
         """Shut the engine core down and drop the model so its memory can be reused in this process."""

@@ -13,7 +13,7 @@ from grpo.model.adapter import LoraSettings, save_adapter
 from grpo.model.loading import load_policy_model
 from grpo.model.lora import inject_lora, lora_modules, lora_parameters
 from grpo.prompts import PromptStyle, build_prompt
-from grpo.rollout.base import SamplingParams, stop_token_ids
+from grpo.rollout.base import SamplingParams, decode_texts, make_completions, stop_token_ids
 from grpo.rollout.engines import make_engine
 from grpo.rollout.native import NativeEngine
 
@@ -165,6 +165,30 @@ def test_stop_ids_include_generation_config_eos(tokenizer, end_id):
     config = GenerationConfig(eos_token_id=[end_id, 7])
     assert stop_token_ids(tokenizer, config) == [end_id, 7]
     assert stop_token_ids(tokenizer, None) == [end_id]
+
+
+def test_completions_cut_at_the_first_stop_and_decode_as_decode_does(tokenizer, end_id):
+    """make_completions against a hand cut and ``tokenizer.decode``, through both of decode_texts' ways:
+    the Rust backend's batch (this tokenizer: no clean-up, no own decoding) and the per-sequence loop
+    (the same tokenizer asked to clean up spaces)."""
+    gen = torch.Generator().manual_seed(0)
+    others = [i for i in tokenizer.all_special_ids if i != end_id]
+    words = [[i for i in torch.randint(len(tokenizer), (n,), generator=gen).tolist() if i != end_id] + others
+             for n in (5, 40)]
+    samples = [[words[0], words[1] + [end_id, 7, end_id]], [[3, end_id, 4, end_id], []], [[end_id], others + [9]]]
+    expected_cut = [[words[0], words[1] + [end_id]], [[3, end_id], []], [[end_id], others + [9]]]
+    cleaning = copy.deepcopy(tokenizer)
+    cleaning.clean_up_tokenization_spaces = True
+    for tok in (tokenizer, cleaning):
+        out = make_completions(tok, [[1], [2, 2], [3]], samples, [end_id])
+        assert [[c.token_ids for c in g] for g in out] == expected_cut
+        assert [[c.finish_reason for c in g] for g in out] == [["length", "stop"], ["stop", "length"],
+                                                               ["stop", "length"]]
+        assert [[c.text for c in g] for g in out] == [[tokenizer.decode(ids, skip_special_tokens=True)
+                                                       for ids in g] for g in expected_cut]
+        assert [c.prompt_ids for g in out for c in g] == [[1], [1], [2, 2], [2, 2], [3], [3]]
+    flat = [ids for g in samples for ids in g]
+    assert decode_texts(tokenizer, flat) == decode_texts(cleaning, flat) != [""] * len(flat)
 
 
 def test_in_memory_engine_refuses_adapters(model, tokenizer, prompts, tmp_path):
