@@ -129,7 +129,7 @@ def decode_texts(tokenizer, sequences: list[list[int]]) -> list[str]:
     transformers decodes a batch one sequence at a time in Python (~16-19 ms for a step's 64 × 768
     tokens on 2 cores); a Rust-backed tokenizer that neither overrides decoding nor cleans up spaces
     gives the same strings from one call to its backend, which spreads the sequences over the cores."""
-    from transformers import TokenizersBackend
+    from transformers import TokenizersBackend  # here: grpo.config reads this module's lists, light
 
     if (type(tokenizer)._decode is not TokenizersBackend._decode
             or getattr(tokenizer, "clean_up_tokenization_spaces", True)):
