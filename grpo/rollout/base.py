@@ -126,9 +126,10 @@ def make_completions(tokenizer, prompt_ids: list[list[int]], samples: list[list[
 def decode_texts(tokenizer, sequences: list[list[int]]) -> list[str]:
     """``tokenizer.decode(ids, skip_special_tokens=True)`` of every sequence.
 
-    transformers decodes a batch one sequence at a time in Python (~16-19 ms for a step's 64 × 768
-    tokens on 2 cores); a Rust-backed tokenizer that neither overrides decoding nor cleans up spaces
-    gives the same strings from one call to its backend, which spreads the sequences over the cores."""
+    transformers decodes a batch one sequence at a time, each through its Python argument handling; a
+    Rust-backed tokenizer that neither overrides decoding nor cleans up spaces gives the same strings from
+    one call to its backend: a step's 64 × 768 ids in 10.1 ms against 16.4 on 2 cores, 11-12 on one
+    (bench/detokenize_speed.py, bench/RESULTS.md)."""
     from transformers import TokenizersBackend  # here: grpo.config reads this module's lists, light
 
     if (type(tokenizer)._decode is not TokenizersBackend._decode
