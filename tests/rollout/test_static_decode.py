@@ -201,7 +201,8 @@ def test_kept_dense_copies_are_read_and_outlive_the_call(tiny_model_dir, tokeniz
 def test_a_4bit_mlp_read_in_4_bits_decodes_what_generate_does(tiny_model_dir, tokenizer, prompts, caplog):
     """``read_4bit_mlp``: where Triton runs (here: its interpreter) the MLP of a 4-bit base without LoRA is
     read by the 4-bit kernels, not copied, and the tokens are still generate's; an MLP with LoRA is
-    copied and merged as before; where Triton cannot run, the decoder says so and copies."""
+    copied and merged as before; where Triton cannot run, or a dense copy is kept (``keep_dense``), the
+    decoder says so and reads a dense copy."""
     from grpo.rollout.static_layers import DenseMlp, Mlp4bit
 
     def nf4_with_lora(targets: tuple[str, ...]) -> torch.nn.Module:
@@ -228,6 +229,14 @@ def test_a_4bit_mlp_read_in_4_bits_decodes_what_generate_does(tiny_model_dir, to
         assert not any(isinstance(w2[-1], Mlp4bit) for _, w2 in with_mlp_lora._decoder.weights)
         # ... and a decode step's gate, up and SwiGLU over that copy are the fused dense kernel
         assert all(isinstance(w2[-1], DenseMlp) for _, w2 in with_mlp_lora._decoder.weights)
+        # with kept dense copies (train.dense_training) the MLP is read from them, not in 4 bits, and said so
+        both = NativeEngine(model, tokenizer, batch_size=3, backend="static", read_4bit_mlp=True, keep_dense=True,
+                            release_dense=False)
+        assert _ids(both, prompts, params) == hf
+        assert not both._decoder.read_4bit_mlp and "decoding from a dense copy instead" in caplog.text
+        assert all(isinstance(w2[-1], DenseMlp) for _, w2 in both._decoder.weights)
+        mlp = model.model.layers[0].mlp
+        assert mlp.gate_proj._dense_weight._base is mlp.up_proj._dense_weight._base is not None
     else:
         assert not fast._decoder.read_4bit_mlp and not any(four_bit)
         assert "decoding from a dense copy instead" in caplog.text
