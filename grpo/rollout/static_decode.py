@@ -7,7 +7,7 @@ kernels a decode step from Python, so a step costs tens of milliseconds whatever
 (nf4 generate reaches 317 tok/s at batch 64, 0.3% of the bandwidth floor: docs/ARCHITECTURE.md,
 "Facts measured"). Here the whole step (28 layers, LM head, temperature / top-k / top-p, sampling, stop
 bookkeeping) is one graph replay; the host syncs only every ``sync_every`` steps, or when a row reaches its
-length limit.
+length limit, and reads a sync while the next ``RUN_AHEAD`` steps run.
 Inside the graph the kernels still run one after another, and at small batches their count, not the
 weights they read, bounds a step: so on CUDA each layer's attention (RoPE, the cache write, the
 softmax over the slot's cache) is one Triton kernel (grpo/kernels/decode_attention.py), the parts
