@@ -220,7 +220,7 @@ class StaticDecoder:
         pinned = dev.type == "cuda"
         self._seen = [torch.empty(t.shape, dtype=t.dtype, pin_memory=pinned)
                       for t in (self.finished, self.count, self.out)]
-        self._seen_at: torch.cuda.Event | None = None
+        self._seen_at = torch.cuda.Event() if pinned else None  # on a GPU: recorded after each snapshot's copy
         self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=dev)
         self.pad, self.pad_id = pad_id, torch.tensor(pad_id, device=dev)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -352,8 +352,7 @@ class StaticDecoder:
         without waiting for them (``_collect`` waits for this copy, not for the steps queued after it)."""
         for host, live in zip(self._seen, (self.finished, self.count, self.out)):
             host.copy_(live, non_blocking=True)
-        if self.device.type == "cuda":
-            self._seen_at = torch.cuda.Event()
+        if self._seen_at is not None:
             self._seen_at.record()
 
     def _collect(self, schedule: SlotSchedule, results: list, on_done) -> None:
