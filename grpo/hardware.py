@@ -13,8 +13,10 @@ an AVX512 one, so honouring them keeps that imitation honest.
 from __future__ import annotations
 
 import functools
+import getpass
 import os
 import platform
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -38,6 +40,30 @@ def cpu_flags() -> frozenset[str]:
         if line.startswith("flags"):
             return frozenset(line.partition(":")[2].split())
     return frozenset()
+
+
+def separate_compile_cache() -> None:
+    """Give an imitated CPU capability (``ATEN_CPU_CAPABILITY``) its own inductor cache directory.
+
+    Why: inductor's FX graph cache keys a CPU graph without the vector ISA its C++ was generated for, and
+    the kernel built from that C++ takes the ISA of the process that loads it. After an AVX2-imitated run,
+    a native AVX512 run on the same machine loaded AVX2 code (loops stepping 8 elements) and built it with
+    16-lane vectors, which wrote 8 elements past each loop's chunk and past the tensor's end: wrong values
+    and heap corruption (torch 2.13; CI aborted in the compiled sampler test, 2026-12-07). Called when
+    ``grpo`` is imported, before anything compiles; a run without the variable keeps torch's directory."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY", "").lower()
+    if not capability:
+        return
+    base = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if base is None:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):  # no passwd entry (some containers)
+            user = str(os.getuid())
+        base = os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
+    own = f"isa-{capability}"
+    if Path(base).name != own:  # a child process inherits the directory already chosen
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(base, own)
 
 
 def cuda_available() -> bool:

@@ -12,11 +12,11 @@ from grpo.model.loading import resolve_compute_dtype
 from grpo.rollout import engines
 
 
-def _in_subprocess(code: str, **env: str) -> dict:
+def _in_subprocess(code: str, **env: str | None) -> dict:
     """Run ``code`` (which prints one JSON line) in a fresh interpreter: torch reads
-    ATEN_CPU_CAPABILITY once, at import."""
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
-                         check=True)
+    ATEN_CPU_CAPABILITY once, at import. ``env`` adds variables, or removes those given as None."""
+    env = {name: value for name, value in {**os.environ, **env}.items() if value is not None}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -30,6 +30,23 @@ def test_imitated_avx2_host_has_no_native_bf16_and_auto_is_fp32():
         "'compute': str(hardware.cpu_compute_dtype())}))",
         ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2")
     assert facts == {"capability": "AVX2", "bf16": False, "dtype": "float32", "compute": "torch.float32"}
+
+
+def test_an_imitated_avx2_run_does_not_hand_its_compiled_code_to_a_native_run(tmp_path):
+    # The failure this guards against (grpo.hardware.separate_compile_cache): with one inductor cache, the
+    # native run below loaded the AVX2 run's generated C++ and built it with its own wider vectors: 8 wrong
+    # noise values and heap corruption. On an AVX2-only host both runs are AVX2 and the check is weaker.
+    code = ("import json, os, torch; from grpo.rollout.sampling import gumbel_noise, row_keys, vocab_offsets; "
+            "keys = row_keys(7, torch.tensor([0, 3, 2**20]), torch.tensor([1, 0, 5])); "
+            "args = (keys, torch.tensor([0, 9, 700]), vocab_offsets(3000)); "
+            "wrong = (torch.compile(gumbel_noise, dynamic=False)(*args) - gumbel_noise(*args)).abs() > 1e-5; "
+            "print(json.dumps({'capability': torch.backends.cpu.get_cpu_capability(), 'wrong': int(wrong.sum()), "
+            "'cache': os.environ['TORCHINDUCTOR_CACHE_DIR']}))")
+    imitated = _in_subprocess(code, ATEN_CPU_CAPABILITY="avx2", TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    native = _in_subprocess(code, ATEN_CPU_CAPABILITY=None, TORCHINDUCTOR_CACHE_DIR=str(tmp_path))
+    assert native["wrong"] == 0, native
+    assert imitated == {"capability": "AVX2", "wrong": 0, "cache": str(tmp_path / "isa-avx2")}
+    assert native["cache"] == str(tmp_path)
 
 
 @pytest.fixture
