@@ -7,7 +7,7 @@ kernels a decode step from Python, so a step costs tens of milliseconds whatever
 (nf4 generate reaches 317 tok/s at batch 64, 0.3% of the bandwidth floor: docs/ARCHITECTURE.md,
 "Facts measured"). Here the whole step (28 layers, LM head, temperature / top-k / top-p, sampling, stop
 bookkeeping) is one graph replay; the host syncs only every ``sync_every`` steps, or when a row reaches its
-length limit, and reads a sync while the next ``RUN_AHEAD`` steps run.
+length limit.
 Inside the graph the kernels still run one after another, and at small batches their count, not the
 weights they read, bounds a step: so on CUDA each layer's attention (RoPE, the cache write, the
 softmax over the slot's cache) is one Triton kernel (grpo/kernels/decode_attention.py), the parts
@@ -50,10 +50,6 @@ from grpo.rollout.static_step import advance, next_token, step_inputs, stops
 log = logging.getLogger(__name__)
 
 CACHE_BUCKET = 128  # KV cache lengths are multiples of this (and, without the Triton kernel, one graph per bucket)
-# decode steps queued past a host sync before the host reads it: the GPU runs them while the host waits for the
-# sync's copy and retires rows, instead of idling from the sync's read to the next launch (a row that ended
-# by then writes pads: at most this many steps are wasted, once, in a call whose every row stops early)
-RUN_AHEAD = 2
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mistral", "qwen3")
 
@@ -216,11 +212,6 @@ class StaticDecoder:
         self.finished = torch.ones(slots, dtype=torch.bool, device=dev)  # an empty slot has ended
         # one spare last column: where an ended slot writes its pad, never over its tokens
         self.out = torch.full((slots, max_new + 1), pad_id, dtype=torch.long, device=dev)
-        # where a sync's snapshot lands (``_snapshot``): pinned on a GPU, so the copy need not wait for the host
-        pinned = dev.type == "cuda"
-        self._seen = [torch.empty(t.shape, dtype=t.dtype, pin_memory=pinned)
-                      for t in (self.finished, self.count, self.out)]
-        self._seen_at = torch.cuda.Event() if pinned else None  # on a GPU: recorded after each snapshot's copy
         self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=dev)
         self.pad, self.pad_id = pad_id, torch.tensor(pad_id, device=dev)
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -233,8 +224,8 @@ class StaticDecoder:
         return [self.valid, self.out, self.finished, self.tokens, self.count, self.cursor, self.positions]
 
     def _free(self) -> None:
-        self.k_cache = self.v_cache = self._seen = []
-        self._graphs, self._pool, self._seen_at = {}, None, None
+        self.k_cache = self.v_cache = []
+        self._graphs, self._pool = {}, None
 
     @torch.no_grad()
     def _prefill(self, wave: Wave, prompts: list[list[int]], keys: Tensor, limits: list[int]) -> None:
@@ -347,36 +338,17 @@ class StaticDecoder:
         torch.cuda.current_stream().wait_stream(side)
         return graph
 
-    def _snapshot(self) -> None:
-        """Copy the slots' ended flags, counts and tokens, as the steps queued so far leave them, to the host
-        without waiting for them (``_collect`` waits for this copy, not for the steps queued after it)."""
-        for host, live in zip(self._seen, (self.finished, self.count, self.out)):
-            host.copy_(live, non_blocking=True)
-        if self._seen_at is not None:
-            self._seen_at.record()
-
     def _collect(self, schedule: SlotSchedule, results: list, on_done) -> None:
-        """The host sync: retire every slot whose row had ended at the last ``_snapshot``, keeping its tokens."""
-        if self._seen_at is not None:
-            self._seen_at.synchronize()
-        finished, counts, out = self._seen
-        finished, counts = finished.tolist(), counts.tolist()
-        ended = [s for s in schedule.busy() if finished[s]]
-        for slot, ids in zip(ended, out[ended].tolist()):
+        """The host sync: retire every slot whose row has ended, keeping its tokens."""
+        ended_flags, counts = torch.stack([self.finished.long(), self.count]).tolist()
+        ended = [s for s in schedule.busy() if ended_flags[s]]
+        if not ended:
+            return
+        for slot, ids in zip(ended, self.out[ended].tolist()):
             row = schedule.retire(slot)
             results[row] = ids[: counts[slot]]
             if on_done is not None:
                 on_done(row, results[row])
-
-    def _run_to(self, stop: int, schedule: SlotSchedule) -> None:
-        """Decode steps (graph replays on CUDA) until the schedule's step is ``stop``."""
-        while schedule.step < stop:
-            length = schedule.length()
-            if self.cuda_graphs:
-                self._graph(length).replay()
-            else:
-                self._decode_step(length)
-            schedule.step += 1
 
     # --- generation ------------------------------------------------------------------------
     @torch.no_grad()
@@ -420,10 +392,14 @@ class StaticDecoder:
                         before_prefill(n_slots)
                     with torch.profiler.record_function("grpo/decoder.prefill"):  # sub-phases in a profile
                         self._prefill(wave, prompts, keys, limits)
-                self._run_to(schedule.next_sync(), schedule)
-                self._snapshot()
-                # next_sync is the step itself once a row is at its length limit: nothing is run ahead then
-                self._run_to(min(schedule.step + RUN_AHEAD, schedule.next_sync()), schedule)
+                stop = schedule.next_sync()
+                while schedule.step < stop:
+                    length = schedule.length()
+                    if self.cuda_graphs:
+                        self._graph(length).replay()
+                    else:
+                        self._decode_step(length)
+                    schedule.step += 1
                 self._collect(schedule, results, on_done)
             return results
         finally:
