@@ -24,12 +24,13 @@ def test_the_readme_commands_print_and_check_the_deps():
     printed = run("python -m grpo.lineage", ROOT).stdout
     # grpo/config.py validates choices against the places that name them (the objective's variants, data
     # registry, prompt styles, rollout interface, SENT orders, rewards), so every stage that reads params
-    # depends on them
-    assert ("eval_summary:\n  - stages/eval_summary.py\n  - grpo/algo/choices.py\n"
+    # depends on them; and importing grpo runs grpo/__init__.py, which calls grpo/hardware.py
+    assert ("eval_summary:\n  - stages/eval_summary.py\n  - grpo/__init__.py\n  - grpo/algo/choices.py\n"
             "  - grpo/cli.py\n  - grpo/config.py\n  - grpo/data/answers.py\n  - grpo/data/errors.py\n"
             "  - grpo/data/registry.py\n  - grpo/data/synthetic.py\n  - grpo/distributed.py\n  - grpo/eval/metrics.py\n"
             "  - grpo/eval/summary.py\n"
-            "  - grpo/fault_injection.py\n  - grpo/io.py\n  - grpo/launch.py\n  - grpo/prompts.py\n"
+            "  - grpo/fault_injection.py\n  - grpo/hardware.py\n  - grpo/io.py\n  - grpo/launch.py\n"
+            "  - grpo/prompts.py\n"
             "  - grpo/rollout/base.py\n  - grpo/sent/curriculum.py\n  - grpo/slots.py\n  - grpo/verify\n"
             "report:\n") in printed
     assert run("python -m grpo.lineage --check", ROOT).stdout == ""
